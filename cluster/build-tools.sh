@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the local cluster's binaries from their Go modules into a cache outside the repo,
+# skipping any binary that is already there at the pinned version.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${XPYD_CACHE:-$HOME/.cache/xpyd}
+bin=$cache/bin
+mkdir -p "$bin"
+export GOFLAGS=-buildvcs=false GOPATH=${GOPATH:-$cache/gopath} GOCACHE=${GOCACHE:-$cache/go-build}
+
+KUBE_VERSION=v1.36.3   # pinned: k8s.io/kubernetes, with staging modules v0.36.3 (see go/kube/go.mod)
+ETCD_VERSION=v3.6.16   # pinned in go/etcd/go.mod
+KWOK_VERSION=v0.7.0
+HELM_VERSION=v3.19.0
+
+stamp() { echo "$1" > "$bin/.$2.version"; }
+fresh() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
+
+build_wrapper() { # name version dir
+  local name=$1 version=$2 dir=$3
+  fresh "$name" "$version" && return 0
+  echo "building $name $version (first time takes minutes)" >&2
+  (cd "$here/go/$dir" && go build -trimpath -ldflags='-s -w' -o "$bin/$name.tmp" .)
+  mv "$bin/$name.tmp" "$bin/$name"; stamp "$version" "$name"
+}
+
+go_install() { # name version package
+  local name=$1 version=$2 pkg=$3
+  fresh "$name" "$version" && return 0
+  echo "building $name $version" >&2
+  GOBIN="$bin" go install -trimpath -ldflags='-s -w' "$pkg@$version"
+  stamp "$version" "$name"
+}
+
+build_wrapper kube "$KUBE_VERSION" kube
+for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sf kube "$bin/$c"; done
+build_wrapper etcd "$ETCD_VERSION" etcd
+go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+echo "$bin"

@@ -1,0 +1,1 @@
+"""A vLLM worker stand-in whose timings follow the performance model."""

@@ -1,0 +1,1 @@
+"""The DisaggregatedDeployment API shared by the operator, the router and the simulator."""

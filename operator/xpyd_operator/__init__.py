@@ -1,0 +1,1 @@
+"""The Kopf operator: reconciles DisaggregatedDeployments into placed prefill and decode pools."""

@@ -1,0 +1,1 @@
+"""The KV-aware router: OpenAI-compatible front door of a disaggregated deployment."""
