@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/component-base/cli"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
+	cmdutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
@@ -35,7 +36,9 @@ func main() {
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
 	case "kubectl":
-		os.Exit(cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()))
+		if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
+			cmdutil.CheckErr(err)
+		}
 	default:
 		fmt.Fprintf(os.Stderr, "kube: unknown component %q\n", name)
 		os.Exit(2)

@@ -1,0 +1,1 @@
+"""End-to-end tests against the cluster named by KUBECONFIG."""

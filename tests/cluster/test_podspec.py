@@ -1,0 +1,128 @@
+"""How the process kubelet turns pods into processes: images, env, $(VAR) expansion, probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from xpyd_cluster import podspec
+from xpyd_cluster.nodes import clique_id
+
+B200 = podspec.NodeFacts("b200-0", {"nvidia.com/gpu.product": "NVIDIA-B200"})
+TRAY = podspec.NodeFacts(
+    "gb200-r1-t03", {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.clique": clique_id(1)}
+)
+
+
+def pod(
+    image: str, command: list[str] | None = None, args: list[str] | None = None, **container: Any
+) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "main", "image": image, **container}
+    if command is not None:
+        c["command"] = command
+    if args is not None:
+        c["args"] = args
+    return {
+        "metadata": {"name": "p-0", "namespace": "ns", "uid": "u1", "labels": {"role": "decode"}},
+        "spec": {"nodeName": "b200-0", "containers": [c]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("image", "kind"),
+    [
+        ("vllm/vllm-openai:v0.11.0", "engine"),
+        ("lmsysorg/sglang:v0.5.3", "engine"),
+        ("ghcr.io/xpyd/xpyd:0.1.0", "own"),
+        ("xpyd:dev", "own"),
+        ("nginx:1.27", "placeholder"),
+        ("registry.k8s.io/pause:3.10", "placeholder"),
+    ],
+)
+def test_classify(image: str, kind: str) -> None:
+    assert podspec.classify(image) == kind
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("--host=$(POD_IP)", {"POD_IP": "127.1.0.9"}, "--host=127.1.0.9"),
+        ("$(UNSET) stays", {}, "$(UNSET) stays"),
+        ("$$(POD_IP) escaped", {"POD_IP": "x"}, "$(POD_IP) escaped"),
+        ("$(A)$(B)", {"A": "1", "B": "2"}, "12"),
+    ],
+)
+def test_expand(text: str, env: dict[str, str], expected: str) -> None:
+    assert podspec.expand(text, env) == expected
+
+
+def test_vllm_image_runs_the_emulator_with_the_images_entrypoint() -> None:
+    plan = podspec.plan(
+        pod("vllm/vllm-openai:v0.11.0", args=["meta-llama/Llama-3.1-8B", "--port", "8000"]),
+        "127.1.0.5",
+        B200,
+        xpyd="/venv/bin/xpyd",
+    )
+    assert plan.argv == [
+        "/venv/bin/xpyd",
+        "emulate",
+        "--",
+        "vllm",
+        "serve",
+        "meta-llama/Llama-3.1-8B",
+        "--port",
+        "8000",
+    ]
+    assert plan.env["XPYD_BIND_HOST"] == "127.1.0.5"
+    assert plan.env["XPYD_GPU"] == "B200"
+    assert plan.env["XPYD_NVLINK_DOMAIN"] == "b200-0"
+
+
+def test_nvl72_pod_learns_its_clique_as_nvlink_domain() -> None:
+    plan = podspec.plan(pod("vllm/vllm-openai:v0.11.0", command=["vllm", "serve", "m"]), "127.1.0.6", TRAY, xpyd="x")
+    assert plan.env["XPYD_NVLINK_DOMAIN"] == clique_id(1)
+    assert plan.env["XPYD_GPU"] == "GB200"
+    assert plan.argv == ["x", "emulate", "--", "vllm", "serve", "m"]
+
+
+def test_own_image_resolves_xpyd_and_expands_downward_api_env() -> None:
+    env = [
+        {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "ROLE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['role']"}}},
+        {"name": "URL", "value": "http://$(MY_IP):9000"},
+    ]
+    plan = podspec.plan(
+        pod("ghcr.io/xpyd/xpyd:0.1.0", command=["xpyd", "router"], args=["--liveness=$(URL)"], env=env),
+        "127.1.0.7",
+        B200,
+        xpyd="/venv/bin/xpyd",
+    )
+    assert plan.argv == ["/venv/bin/xpyd", "router", "--liveness=http://127.1.0.7:9000"]
+    assert plan.env["ROLE"] == "decode"
+    assert plan.env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+
+
+def test_probes_resolve_named_ports_and_defaults() -> None:
+    container: dict[str, Any] = {
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": 8000}},
+    }
+    plan = podspec.plan(pod("nginx", **container), "127.1.0.8", B200, xpyd="x")
+    assert plan.readiness == podspec.Probe(port=8000, path="/health", period=2.0)
+    assert plan.liveness == podspec.Probe(port=8000, path=None)
+    assert plan.argv[-2:] == ["127.1.0.8", "8000"]
+
+
+def test_service_account_mount_follows_the_projected_volume() -> None:
+    p = pod("ghcr.io/xpyd/xpyd:1", volumeMounts=[{"name": "kube-api-access-x", "mountPath": podspec.SA_MOUNT}])
+    p["spec"]["volumes"] = [{"name": "kube-api-access-x", "projected": {"sources": [{"serviceAccountToken": {}}]}}]
+    assert podspec.plan(p, "127.1.0.9", B200, xpyd="x").sa_mount == podspec.SA_MOUNT
+    assert podspec.plan(pod("ghcr.io/xpyd/xpyd:1"), "127.1.0.9", B200, xpyd="x").sa_mount is None
+
+
+def test_unsupported_field_ref_is_a_clear_error() -> None:
+    env = [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]
+    with pytest.raises(ValueError, match="unsupported fieldRef 'spec.bogus'"):
+        podspec.plan(pod("nginx", env=env), "127.1.0.9", B200)
