@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("xpyd_emulator.cli", "run the vLLM worker emulator from a vLLM command line"),
     "plan": ("xpyd_perf.cli", "print the disaggregation break-even table and an xPyD suggestion"),
     "simulate": ("xpyd_sim.cli", "replay a trace through the router and autoscaler policies"),
+    "load": ("xpyd_load.cli", "replay a trace against a live router with a progress bar"),
     "cluster": ("xpyd_cluster.cli", "bring the local test cluster up or down"),
     "kubelet": ("xpyd_cluster.kubelet", "run the process kubelet of the local cluster"),
 }
