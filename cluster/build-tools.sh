@@ -25,11 +25,11 @@ build_wrapper() { # name version dir [ldflags]
   mv "$bin/$name.tmp" "$bin/$name"; stamp "$version" "$name"
 }
 
-go_install() { # name version package
-  local name=$1 version=$2 pkg=$3
+go_install() { # name stamp package@version [ldflags]
+  local name=$1 version=$2 pkg=$3 ldflags="-s -w ${4:-}"
   fresh "$name" "$version" && return 0
   echo "building $name $version" >&2
-  GOBIN="$bin" go install -trimpath -ldflags='-s -w' "$pkg@$version"
+  GOBIN="$bin" go install -trimpath -ldflags="$ldflags" "$pkg"
   stamp "$version" "$name"
 }
 
@@ -39,7 +39,12 @@ build_wrapper kube "$KUBE_VERSION" kube \
   "-X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
 for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do ln -sf kube "$bin/$c"; done
 build_wrapper etcd "$ETCD_VERSION" etcd
-go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-go_install prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus
+go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok@"$KWOK_VERSION"
+# helm learns the Kubernetes version it templates for (and its own version) from ldflags, as its Makefile does
+h=helm.sh/helm/v3
+go_install helm "$HELM_VERSION+k8s$KUBE_VERSION" $h/cmd/helm@"$HELM_VERSION" \
+  "-X $h/internal/version.version=$HELM_VERSION -X $h/internal/version.gitTreeState=clean \
+   -X $h/pkg/lint/rules.k8sVersionMajor=1 -X $h/pkg/lint/rules.k8sVersionMinor=$minor \
+   -X $h/pkg/chartutil.k8sVersionMajor=1 -X $h/pkg/chartutil.k8sVersionMinor=$minor"
+go_install prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus@"$PROMETHEUS_VERSION"
 echo "$bin"

@@ -1,14 +1,74 @@
 #!/usr/bin/env bash
-# `make demo`: the local cluster, then the whole xPyD story on it (see README).
+# `make demo`: the whole xPyD story on the local cluster (or any cluster named by DEMO_KUBECONFIG).
+#   1. cluster up   2. helm install the operator   3. apply an HGX-B200 and a GB200-NVL72 deployment
+#   4. show xPyD and placement   5. replay a real trace through the router with a progress bar
+#   6. watch the autoscaler resize the pools   7. plot replicas and queues from Prometheus
+# It leaves everything running and prints how to look around; `make demo-down` cleans up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/xpyd cluster up | tail -1 > .cluster-env
-. ./.cluster-env && rm -f .cluster-env
-echo
-echo "Nodes by topology:"
-.venv/bin/xpyd cluster nodes
-echo
-echo "The cluster keeps running. Look around with:"
-echo "  export KUBECONFIG=$KUBECONFIG PATH=$XPYD_CACHE/bin:\$PATH"
-echo "  kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.clique"
-echo "Stop it with: make demo-down"
+export XPYD_CACHE=${XPYD_CACHE:-$HOME/.cache/xpyd}
+export PATH="$XPYD_CACHE/bin:$PWD/.venv/bin:$PATH"
+NS=xpyd-demo
+OP_NS=xpyd-system
+DEPLOYMENT=llama-hgx
+MODEL=meta-llama/Llama-3.1-70B-Instruct
+PROM=${PROMETHEUS_URL:-http://127.0.0.1:9090}
+PLOT=${DEMO_PLOT:-docs/images/demo-autoscaling.png}
+TRACE=${DEMO_TRACE:-../shared/traces/conversation_trace.jsonl}
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+started=$(date +%s)
+
+step "Local cluster (real kube-apiserver, scheduler, controller manager, etcd; kwok nodes; Prometheus)"
+eval "$(xpyd cluster up | tail -1)"
+xpyd cluster nodes
+
+step "helm install the operator (runs in-cluster under its own ServiceAccount)"
+helm upgrade --install xpyd charts/xpyd-operator -n "$OP_NS" --create-namespace \
+  --set-json 'operator.podAnnotations={"prometheus.io/scrape":"true","prometheus.io/port":"8080","prometheus.io/path":"/metrics"}' \
+  --wait --timeout 180s
+kubectl -n "$OP_NS" get deploy,pods -o wide
+
+step "kubectl apply two DisaggregatedDeployments of emulated workers"
+kubectl apply -f examples/demo/
+for dd in $(kubectl -n "$NS" get dd -o name); do
+  kubectl -n "$NS" wait "$dd" --for=condition=Ready --timeout=240s
+done
+kubectl -n "$NS" get dd
+kubectl -n "$NS" get dd -o custom-columns='NAME:.metadata.name,XPYD:.status.xpyd,KV PATH:.status.placement.kvPath,CLIQUES:.status.placement.cliques,NODES:.status.placement.nodes'
+kubectl -n "$NS" get pods -o wide -L xpyd.io/role
+
+router_ip() { kubectl -n "$NS" get pods -l "xpyd.io/deployment=$1,xpyd.io/role=router" \
+  -o jsonpath='{.items[0].status.podIP}'; }
+ROUTER=http://$(router_ip "$DEPLOYMENT"):8000
+load_start=$(date +%s)
+
+step "Phase 1: the Mooncake conversation trace, prompts x4 (prefill pressure) at 30x speed, through $ROUTER"
+xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 30 --prompt-scale 4 \
+  --max-output-tokens 16 --max-requests 900 --duration 90 --max-in-flight 256
+kubectl -n "$NS" get dd "$DEPLOYMENT" -o custom-columns='XPYD:.status.xpyd,AUTOSCALER:.status.autoscaler'
+
+step "Phase 2: long answers (decode pressure)"
+xpyd load --url "$ROUTER" --model "$MODEL" --rate 12 --prompt-tokens 256 --output-tokens 1024 \
+  --max-output-tokens 1024 --max-requests 600 --duration 60 --max-in-flight 512
+kubectl -n "$NS" get dd "$DEPLOYMENT" -o custom-columns='XPYD:.status.xpyd,AUTOSCALER:.status.autoscaler'
+
+step "Load stopped: the pools shrink back (slowly, through the stabilization window)"
+for _ in $(seq 1 24); do
+  kubectl -n "$NS" get dd "$DEPLOYMENT" --no-headers
+  sleep 5
+done
+
+step "Plot of replicas and queues, read back from Prometheus"
+python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"
+
+step "Done in $(( $(date +%s) - started ))s. Everything keeps running; look around:"
+cat <<EOT
+  export KUBECONFIG=$KUBECONFIG PATH=$XPYD_CACHE/bin:\$PATH
+  kubectl -n $NS get dd                      # xPyD, readiness, topology
+  kubectl -n $NS describe dd $DEPLOYMENT     # conditions, placement, autoscaler decisions
+  curl $ROUTER/v1/models                     # the router (OpenAI API)
+  xpyd load --url $ROUTER --model $MODEL --rate 4 --duration 30
+  open $PROM                                 # Prometheus (try: vllm:num_requests_waiting)
+  plot: $PLOT
+  make demo-down                             # stop everything
+EOT

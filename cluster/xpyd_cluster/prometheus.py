@@ -64,6 +64,7 @@ def config(layout: Layout) -> dict[str, Any]:
     }
     pods = {
         "job_name": "kubernetes-pods",
+        "honor_labels": True,  # the operator's xpyd_* series carry their own namespace label
         "kubernetes_sd_configs": [{"role": "pod", "api_server": layout.server, "tls_config": tls}],
         "relabel_configs": [
             {
