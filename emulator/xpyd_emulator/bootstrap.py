@@ -1,0 +1,111 @@
+"""SGLang's prefill-decode pairing: the prefill's bootstrap server and the decode's wait for a room.
+
+SGLang sends one request to both workers at once, tagged with `bootstrap_host`, `bootstrap_port`
+and `bootstrap_room`. The prefill publishes the room when its prefill finishes; the decode
+long-polls the prefill's bootstrap server for the room (a real loopback call), then models the
+KV handoff and decodes. Unclaimed rooms expire like NixlConnector leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from xpyd_emulator.protocol import ApiError
+
+ROOM_PATH = "/xpyd/bootstrap/room/{room}"
+
+
+@dataclass(slots=True)
+class Room:
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    info: dict[str, Any] = field(default_factory=dict)
+    expires: float = 0.0
+
+
+class RoomTable:
+    """Rooms whose prefill finished (or that a decode already waits for)."""
+
+    def __init__(self, lease_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+        self._rooms: dict[int, Room] = {}
+
+    def __len__(self) -> int:
+        return len(self._rooms)
+
+    def _room(self, room: int, now: float) -> Room:
+        entry = self._rooms.get(room)
+        if entry is None:
+            entry = self._rooms[room] = Room(expires=now + self.lease_seconds)
+        return entry
+
+    def publish(self, room: int, info: dict[str, Any], now: float) -> None:
+        """The prefill of `room` is done; `info` tells the decode what to model."""
+        entry = self._room(room, now)
+        entry.info = info
+        entry.expires = now + self.lease_seconds
+        entry.ready.set()
+
+    async def claim(self, room: int, wait_seconds: float) -> dict[str, Any] | None:
+        """Wait up to `wait_seconds` for the room's prefill; hands it over once (None if it never came)."""
+        loop = asyncio.get_running_loop()
+        entry = self._room(room, loop.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(entry.ready.wait(), wait_seconds)
+        if self._rooms.get(room) is entry:
+            del self._rooms[room]
+        return entry.info if entry.ready.is_set() else None
+
+    def expire(self, now: float) -> int:
+        gone = [k for k, r in self._rooms.items() if r.expires <= now and r.ready.is_set()]
+        for key in gone:
+            del self._rooms[key]
+        return len(gone)
+
+    async def expire_forever(self, period: float = 1.0) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            self.expire(loop.time())
+
+
+def bootstrap_app(rooms: RoomTable) -> web.Application:
+    """The prefill's bootstrap server (SGLang's --disaggregation-bootstrap-port)."""
+
+    async def room(request: web.Request) -> web.Response:
+        try:
+            number = int(request.match_info["room"])
+            timeout = min(float(request.query.get("timeout", "30")), 600.0)
+        except ValueError:
+            return web.Response(status=400, body=ApiError("room and timeout must be numbers").body())
+        info = await rooms.claim(number, timeout)
+        if info is None:
+            return web.Response(status=404, body=ApiError(f"bootstrap room {number} never prefilled", 404).body())
+        return web.json_response(info)
+
+    app = web.Application()
+    app.router.add_get(ROOM_PATH, room)
+    return app
+
+
+async def wait_room(
+    session: aiohttp.ClientSession, host: str, port: int, room: int, wait_seconds: float
+) -> dict[str, Any]:
+    """The decode side: long-poll the prefill's bootstrap server until the room is prefilled."""
+    url = f"http://{host}:{port}{ROOM_PATH.format(room=room)}"
+    try:
+        async with session.get(url, params={"timeout": str(wait_seconds)},
+                               timeout=aiohttp.ClientTimeout(total=wait_seconds + 5)) as resp:  # fmt: skip
+            body = await resp.read()
+            if resp.status != 200:
+                raise ApiError(f"KV transfer for bootstrap room {room} from {host}:{port} failed", status=500)
+            info: dict[str, Any] = orjson.loads(body)
+            return info
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise ApiError(f"bootstrap server {host}:{port} unreachable: {exc!r}", status=500) from None

@@ -1,0 +1,239 @@
+"""Continuous batching on a virtual clock: each step's duration comes from the performance model.
+
+Every step schedules one token per decoding sequence, then prefill chunks of running and newly
+admitted sequences, all under a per-step token budget (--max-num-batched-tokens) and a sequence
+cap (--max-num-seqs); sequences that do not fit wait, which is what `vllm:num_requests_waiting`
+shows. A sequence reserves KV blocks for prompt + max_tokens when admitted. The step then sleeps
+its modelled time divided by the speed-up, on a deadline so timer granularity does not drift.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+from xpyd_emulator.metrics import EngineMetrics
+from xpyd_emulator.prefix_cache import BlockPool
+from xpyd_perf import GpuSpec, ModelSpec, attention_flops, step_seconds
+
+
+class Sequence:
+    """One request inside the engine; the HTTP handler waits on `event` for new tokens."""
+
+    __slots__ = ("aborted", "arrival", "blocks", "cached", "computed", "done", "event", "first_at",
+                 "generated", "hashes", "hold", "last_at", "matched", "max_tokens", "on_done", "prompt",
+                 "streamed")  # fmt: skip
+
+    def __init__(
+        self,
+        prompt: int,
+        hashes: list[int],
+        max_tokens: int,
+        arrival: float,
+        *,
+        computed: int | None = None,
+        hold: bool = False,
+        streamed: bool = True,
+    ) -> None:
+        self.prompt = prompt
+        self.hashes = hashes
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.hold = hold  # keep the blocks pinned when done (a lease takes them over)
+        self.streamed = streamed  # wake the handler on every token, else only when done
+        self.matched = computed is not None  # prefix already resolved (remote prefill)
+        self.computed = computed or 0
+        self.cached = self.computed
+        self.generated = 0
+        self.blocks = 0
+        self.first_at = 0.0
+        self.last_at = 0.0
+        self.done = False
+        self.aborted = False
+        self.event = asyncio.Event()
+        self.on_done: Callable[[], None] | None = None  # called once when the last token is out
+
+
+class Engine:
+    """The scheduler of one emulated vLLM engine."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        tp: int,
+        pool: BlockPool,
+        metrics: EngineMetrics,
+        *,
+        speedup: float = 1.0,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+    ) -> None:
+        self.model, self.gpu, self.tp, self.pool, self.metrics = model, gpu, tp, pool, metrics
+        self.speedup = speedup
+        self.budget = max_num_batched_tokens
+        self.max_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._wake = asyncio.Event()
+        self._deadline = 0.0
+        self._attn_coef = 4.0 * model.layers * model.q_heads * model.attn_head_dim
+
+    def submit(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+        self.metrics.waiting = len(self.waiting)
+        self._wake.set()
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence whose client went away; its blocks are freed at the next step."""
+        if not seq.done:
+            seq.aborted = True
+            self._wake.set()
+
+    def _match(self, seq: Sequence) -> None:
+        pool = self.pool
+        hits = pool.match(seq.hashes)
+        seq.cached = seq.computed = min(hits * pool.block_size, seq.prompt - 1)
+        seq.matched = True
+        self.metrics.prefix_queries += seq.prompt
+        self.metrics.prefix_hits += seq.cached
+
+    def instant(self, seq: Sequence, now: float) -> None:
+        """Zero-delay mode: account a whole request at once (prefix cache, metrics), no scheduling."""
+        if not seq.matched:
+            self._match(seq)
+        self.pool.insert(seq.hashes)
+        if seq.hold:
+            seq.blocks = self.pool.blocks_for(seq.prompt)
+            self.pool.pinned += seq.blocks
+        m = self.metrics
+        m.prompt_tokens += seq.prompt
+        m.generation_tokens += seq.max_tokens
+        for hist, times in ((m.ttft, 1), (m.itl, seq.max_tokens - 1), (m.e2e, 1), (m.queue, 1)):
+            hist.counts[0] += times  # zero latency: the first bucket
+            hist.count += times
+        seq.generated = seq.max_tokens
+        seq.first_at = seq.last_at = now
+        seq.done = True
+        if seq.on_done is not None:
+            seq.on_done()
+
+    def _drop_aborted(self) -> None:
+        m = self.metrics
+        for seq in [s for s in self.running if s.aborted]:
+            self.running.remove(seq)
+            self.pool.unpin(seq.blocks)
+            seq.done = True
+            m.success["abort"] += 1
+        if any(s.aborted for s in self.waiting):
+            self.waiting = deque(s for s in self.waiting if not s.aborted)
+
+    def schedule(self, now: float) -> tuple[list[Sequence], list[tuple[Sequence, int]], float]:
+        """Pick this step's decodes and prefill chunks; returns them and the step's modelled time."""
+        budget = self.budget
+        decodes: list[Sequence] = []
+        chunks: list[tuple[Sequence, int]] = []
+        attn = 0.0
+        kv_read = 0
+        for seq in self.running:
+            if seq.computed >= seq.prompt:
+                ctx = seq.prompt + seq.generated
+                decodes.append(seq)
+                attn += self._attn_coef * ctx
+                kv_read += ctx
+                budget -= 1
+            elif budget > 0:
+                n = min(seq.prompt - seq.computed, budget)
+                chunks.append((seq, n))
+                attn += attention_flops(self.model, seq.computed, seq.computed + n)
+                kv_read += seq.computed + n
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            seq = self.waiting[0]
+            if not seq.matched:
+                self._match(seq)
+            need = self.pool.blocks_for(seq.prompt + seq.max_tokens)
+            if not self.pool.try_pin(need):
+                break
+            self.waiting.popleft()
+            seq.blocks = need
+            self.running.append(seq)
+            self.metrics.queue.observe(now - seq.arrival)
+            n = min(seq.prompt - seq.computed, budget)
+            chunks.append((seq, n))
+            attn += attention_flops(self.model, seq.computed, seq.computed + n)
+            kv_read += seq.computed + n
+            budget -= n
+        tokens = self.budget - budget
+        seconds = step_seconds(self.model, self.gpu, tp=self.tp, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read)
+        return decodes, chunks, seconds
+
+    def apply(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]], now: float) -> None:
+        m = self.metrics
+        finished = False
+        for seq, n in chunks:
+            seq.computed += n
+            if seq.computed >= seq.prompt:
+                self.pool.insert(seq.hashes)
+                m.prompt_tokens += seq.prompt
+                m.ttft.observe(now - seq.arrival)
+                seq.first_at = seq.last_at = now
+                seq.generated = 1
+                m.generation_tokens += 1
+                finished |= self._finish_if_done(seq, now)
+        for seq in decodes:
+            seq.generated += 1
+            m.generation_tokens += 1
+            m.itl.observe(now - seq.last_at)
+            seq.last_at = now
+            finished |= self._finish_if_done(seq, now)
+        if finished:
+            self.running = [s for s in self.running if not s.done]
+        m.running = len(self.running)
+        m.waiting = len(self.waiting)
+        m.kv_usage = self.pool.usage
+
+    def _finish_if_done(self, seq: Sequence, now: float) -> bool:
+        if seq.generated < seq.max_tokens:
+            if seq.streamed:
+                seq.event.set()
+            return False
+        seq.event.set()
+        seq.done = True
+        if not seq.hold:
+            self.pool.unpin(seq.blocks)
+        else:  # keep only the prompt's blocks for the lease
+            keep = self.pool.blocks_for(seq.prompt)
+            self.pool.unpin(seq.blocks - keep)
+            seq.blocks = keep
+        self.metrics.e2e.observe(now - seq.arrival)
+        if seq.on_done is not None:
+            seq.on_done()
+        return True
+
+    async def _sleep(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadline = max(self._deadline, loop.time() - 0.05) + seconds
+        delay = self._deadline - loop.time()
+        await asyncio.sleep(delay if delay > 0.0005 else 0)
+
+    async def run(self) -> None:
+        """The step loop; runs until cancelled."""
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time()
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                self._deadline = loop.time()
+            self._drop_aborted()
+            decodes, chunks, seconds = self.schedule(loop.time())
+            if not decodes and not chunks:  # waiting for blocks that never free: yield
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                continue
+            await self._sleep(seconds / self.speedup)
+            self.apply(decodes, chunks, loop.time())

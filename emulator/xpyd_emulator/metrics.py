@@ -1,0 +1,116 @@
+"""vLLM's Prometheus metrics (DESIGN.md section 6), kept as plain numbers and rendered as text.
+
+Hand-rolled rather than prometheus_client: an observation is a bisect and two additions, which
+keeps the per-token cost of streaming small. Every sample carries `model_name` and `engine`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts, sum and count."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times
+        self.sum += value * times
+        self.count += times
+
+    def render(self, name: str, labels: str, out: list[str]) -> None:
+        running = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            running += n
+            out.append(f'{name}_bucket{{{labels},le="{bound}"}} {running}')
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        out.append(f"{name}_sum{{{labels}}} {self.sum}")
+
+
+class EngineMetrics:
+    """The counters, gauges and histograms one emulated engine exposes at /metrics."""
+
+    def __init__(self, model_name: str, block_size: int, num_gpu_blocks: int) -> None:
+        self.labels = f'engine="0",model_name="{model_name}"'
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.waiting = 0
+        self.running = 0
+        self.kv_usage = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+        self.index_blocks = 0  # blocks in the prefix-cache index (xpyd's own gauge)
+        self.success: dict[str, int] = {"length": 0, "stop": 0, "abort": 0}
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(LATENCY_BUCKETS)
+        self.queue = Histogram(LATENCY_BUCKETS)
+
+    def render(self) -> str:
+        lb = self.labels
+        out: list[str] = []
+
+        def scalar(name: str, kind: str, help_: str, value: float) -> None:
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            out.append(f"{name}{{{lb}}} {value}")
+
+        scalar(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            self.running,
+        )
+        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", self.waiting)
+        scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage)
+        scalar(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in tokens.",
+            self.prefix_queries,
+        )
+        scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.prefix_hits)
+        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens)
+        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens.", self.generation_tokens)
+        scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", self.preemptions)
+        scalar("xpyd_emulator_prefix_index_blocks", "gauge", "Blocks in the emulator's prefix index.",
+               self.index_blocks)  # fmt: skip
+        out.append("# HELP vllm:request_success_total Count of successfully processed requests.")
+        out.append("# TYPE vllm:request_success_total counter")
+        for reason, n in self.success.items():
+            out.append(f'vllm:request_success_total{{{lb},finished_reason="{reason}"}} {n}')
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(
+            f'vllm:cache_config_info{{{lb},block_size="{self.block_size}",'
+            f'enable_prefix_caching="True",num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0'
+        )
+        for name, hist, help_ in (
+            ("vllm:time_to_first_token_seconds", self.ttft, "Histogram of time to first token in seconds."),
+            ("vllm:inter_token_latency_seconds", self.itl, "Histogram of inter-token latency in seconds."),
+            ("vllm:e2e_request_latency_seconds", self.e2e, "Histogram of e2e request latency in seconds."),
+            ("vllm:request_queue_time_seconds", self.queue, "Histogram of time spent in WAITING phase."),
+        ):
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} histogram")
+            hist.render(name, lb, out)
+        out.append("")
+        return "\n".join(out)
