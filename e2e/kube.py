@@ -62,3 +62,9 @@ def is_local_cluster() -> bool:
 
 def pod_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+
+def ready_pod(namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod if it is Ready, else None: for wait_until."""
+    pod: dict[str, Any] = get_json("pod", name, "-n", namespace)
+    return pod if pod_ready(pod) else None
