@@ -41,3 +41,20 @@ ENV_GPU: Final = "XPYD_GPU"
 def nvlink_domain(node_name: str, node_labels: dict[str, str]) -> str:
     """The NVLink domain of a node: its clique on NVL72 racks, else the node itself."""
     return node_labels.get(GPU_CLIQUE) or node_name
+
+
+# --- appended by the operator (issue 4) ---
+# Pod label with the NVLink domain the operator pinned the pod to (an NVL72 clique). Pods without
+# it: on HGX the domain is the pod's node (pod.spec.nodeName), elsewhere unknown.
+NVLINK_DOMAIN_LABEL: Final = "xpyd.io/nvlink-domain"
+APPLIED_HASH: Final = "xpyd.io/applied-hash"  # annotation: hash of the manifest the operator last applied
+APP_NAME: Final = "app.kubernetes.io/name"
+ENV_ROLE: Final = "XPYD_ROLE"
+ENV_DEPLOYMENT: Final = "XPYD_DEPLOYMENT"
+ENV_ROUTER_POLICY: Final = "XPYD_ROUTER_POLICY"  # kv-aware | least-loaded | round-robin
+ENV_NIXL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+ENV_NIXL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+ENGINE_PORT: Final = 8000
+NIXL_PORT: Final = 5600
+ROUTER_PORT: Final = 8000
+OWN_IMAGE: Final = "ghcr.io/xpyd/xpyd"

@@ -1,0 +1,96 @@
+"""`xpyd operator`: run the Kopf operator in-cluster or from KUBECONFIG."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+import kopf
+
+from xpyd_operator import opmetrics
+from xpyd_operator.handlers import Options, register
+from xpyd_operator.reconcile import Config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xpyd operator", description=__doc__)
+    p.add_argument("-n", "--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (the default)")
+    p.add_argument(
+        "--peering",
+        default=None,
+        help="Kopf peering name for several operator replicas (default: standalone)",
+    )
+    p.add_argument("--priority", type=int, default=0, help="Kopf peering priority")
+    p.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=float(os.environ.get("XPYD_RESYNC_SECONDS", "30")),
+        help="period of the level-based re-check of every object (default 30, env XPYD_RESYNC_SECONDS)",
+    )
+    p.add_argument("--concurrency", type=int, default=16, help="reconciles running at once")
+    p.add_argument(
+        "--image",
+        default=os.environ.get("XPYD_IMAGE", ""),
+        help="xpyd's image for routers and emulator pools (env XPYD_IMAGE; default ghcr.io/xpyd/xpyd:VER)",
+    )
+    p.add_argument(
+        "--router-image",
+        default=os.environ.get("XPYD_ROUTER_IMAGE", ""),
+        help="router image (env XPYD_ROUTER_IMAGE; default: --image)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("XPYD_METRICS_PORT") or 0),
+        help="serve Prometheus /metrics on this port (env XPYD_METRICS_PORT; 0: off)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=os.environ.get("XPYD_BIND_HOST", "0.0.0.0"),
+        help="address for --metrics-port (env XPYD_BIND_HOST; default all interfaces)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.namespace and args.all_namespaces:
+        print("xpyd operator: use either --namespace or --all-namespaces", flush=True)
+        return 2
+    if args.resync_seconds <= 0:
+        print("xpyd operator: --resync-seconds must be > 0", flush=True)
+        return 2
+    kopf.configure(verbose=args.verbose, quiet=args.quiet)
+    for name in ("httpx", "httpx2", "httpcore") + (() if args.verbose else ("kopf.objects",)):
+        logging.getLogger(name).setLevel(logging.WARNING)  # one line per watch event is noise
+    options = Options(
+        namespaces=list(args.namespace),
+        resync_seconds=args.resync_seconds,
+        concurrency=args.concurrency,
+        config=Config(own_image=args.image, router_image=args.router_image),
+    )
+    if args.metrics_port:
+        opmetrics.serve(args.metrics_port, args.metrics_address)
+    registry = kopf.OperatorRegistry()
+    register(registry, options)
+    try:
+        asyncio.run(
+            kopf.operator(
+                registry=registry,
+                clusterwide=not args.namespace,
+                namespaces=args.namespace,
+                standalone=args.peering is None,
+                peering_name=args.peering,
+                priority=args.priority,
+                liveness_endpoint=args.liveness,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+    return 0

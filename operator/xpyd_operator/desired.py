@@ -1,0 +1,158 @@
+"""The desired state of one DisaggregatedDeployment: a pure function of its spec and what was observed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpyd_api import labels as L
+from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_operator import pools, routerkit
+from xpyd_operator.meta import Owner, child_name, stamp
+from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
+from xpyd_operator.placement import unschedulable_reason as _unschedulable
+
+
+@dataclass
+class Observed:
+    """What the reconciler read from the cluster for one deployment."""
+
+    nodes: list[NodeInfo] = field(default_factory=list)
+    pods: list[PodInfo] = field(default_factory=list)  # GPU pods cluster-wide (NVL72 only)
+    reservations: list[Reservation] = field(default_factory=list)
+    children: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) -> object
+    own_pods: list[dict[str, Any]] = field(default_factory=list)
+    compute_domain_crd: bool = False
+
+
+@dataclass
+class Desired:
+    placement: Placement | None
+    children: list[dict[str, Any]]
+    error: tuple[str, str] | None = None  # (reason, message) that keeps children untouched
+
+
+class InputError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def observed_replicas(observed: Observed, owner: Owner, role: str) -> int | None:
+    sts = observed.children.get(("StatefulSet", child_name(owner, role)))
+    value = (sts or {}).get("spec", {}).get("replicas")
+    return int(value) if value is not None else None
+
+
+def demands(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: Owner) -> list[Demand]:
+    out = []
+    for role, pool in spec.pools().items():
+        replicas = pool.replicas
+        if replicas is None:
+            replicas = observed_replicas(observed, owner, role)
+        if replicas is None:
+            replicas = pool.autoscaling.min_replicas if pool.autoscaling else 1
+        out.append(Demand(role, replicas, pool.gpus_per_replica, pool.tp))
+    return out
+
+
+def current_pins(observed: Observed, owner: Owner, roles: list[str]) -> dict[str, str | None]:
+    pins: dict[str, str | None] = {}
+    for role in roles:
+        sts = observed.children.get(("StatefulSet", child_name(owner, role))) or {}
+        template_labels = sts.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+        pins[role] = template_labels.get(L.NVLINK_DOMAIN_LABEL)
+    return pins
+
+
+def check_model(spec: DisaggregatedDeploymentSpec) -> None:
+    from xpyd_perf import UnknownModelError, resolve_model
+
+    if spec.model.kv_bytes_per_token is not None:
+        return
+    try:
+        resolve_model(spec.model.name)
+    except UnknownModelError as exc:
+        raise InputError(
+            "UnknownModel", f"{exc}; set spec.model.kvBytesPerToken to serve a model outside the catalog"
+        ) from None
+
+
+def placement_for(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: Owner) -> Placement:
+    wanted = demands(spec, observed, owner)
+    reason = _unschedulable(observed.nodes, spec.topology.kind, wanted)
+    if reason is not None:
+        raise InputError("Unschedulable", reason)
+    free = None
+    if spec.topology.kind == "GB200-NVL72":
+        free = free_by_clique(observed.nodes, observed.pods, observed.reservations, owner.key)
+    return place(spec.topology.kind, wanted, free, current_pins(observed, owner, [d.role for d in wanted]))
+
+
+def build_children(
+    owner: Owner,
+    spec: DisaggregatedDeploymentSpec,
+    placement: Placement,
+    compute_domain_crd: bool,
+    own_image: str,
+    router_image: str,
+) -> list[dict[str, Any]]:
+    """Every child manifest, stamped with its applied-hash, in the order they are applied."""
+    pool_specs: dict[str, PoolSpec] = spec.pools()
+    pinned = {c for c in placement.pins.values() if c is not None}
+    use_cd = compute_domain_crd and spec.topology.kind == "GB200-NVL72" and len(pinned) == 1 and placement.satisfied
+    out: list[dict[str, Any]] = [
+        routerkit.service_account(owner),
+        routerkit.role(owner),
+        routerkit.role_binding(owner),
+    ]
+    for role in pool_specs:
+        out += [pools.headless_service(owner, role), pools.disruption_budget(owner, role)]
+    if use_cd:
+        replicas = sum(p.replicas or 1 for p in pool_specs.values())
+        out.append(pools.compute_domain(owner, replicas))
+    for role, pool in pool_specs.items():
+        clique = placement.pins.get(role)
+        out.append(pools.statefulset(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
+    out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner)]
+    return [stamp(m) for m in out]
+
+
+def desire(
+    owner: Owner, spec: DisaggregatedDeploymentSpec, observed: Observed, own_image: str, router_image: str
+) -> Desired:
+    """Placement and children, or the input error that leaves the running children untouched."""
+    try:
+        check_model(spec)
+        placement = placement_for(spec, observed, owner)
+    except InputError as exc:
+        return Desired(None, [], (exc.reason, exc.message))
+    children = build_children(owner, spec, placement, observed.compute_domain_crd, own_image, router_image)
+    return Desired(placement, children)
+
+
+def needs_apply(want: dict[str, Any], have: dict[str, Any] | None) -> bool:
+    """Level check: missing, applied from another manifest, or replicas drifted from a set value."""
+    if have is None:
+        return True
+    annotations = have.get("metadata", {}).get("annotations") or {}
+    if annotations.get(L.APPLIED_HASH) != want["metadata"]["annotations"][L.APPLIED_HASH]:
+        return True
+    if want["kind"] not in {"StatefulSet", "Deployment"}:
+        return False
+    wanted = want["spec"].get("replicas")
+    if wanted is not None and have.get("spec", {}).get("replicas") != wanted:
+        return True
+    return _containers(want) != _containers(have)
+
+
+def _containers(obj: dict[str, Any]) -> list[tuple[Any, Any]]:
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return [(c.get("image"), c.get("command")) for c in spec.get("containers") or []]
+
+
+def obsolete(desired: list[dict[str, Any]], observed: Observed) -> list[tuple[str, str]]:
+    """Children this deployment made earlier that the current spec no longer wants."""
+    keep = {(m["kind"], m["metadata"]["name"]) for m in desired}
+    return sorted(k for k in observed.children if k not in keep)

@@ -1,0 +1,126 @@
+"""Engine containers: the vLLM, SGLang or emulator command line, env, ports, probes and drain."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from xpyd_api import labels as L
+from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+
+DEFAULT_IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:v0.5.3"}
+GPU_OF_TOPOLOGY = {"HGX-B200": "B200", "GB200-NVL72": "GB200"}
+SGLANG_BOOTSTRAP_PORT = 8998
+_DRAIN = (
+    "sleep 5; i=0; while [ $i -lt {limit} ]; do "
+    "n=$( (curl -s localhost:{port}/metrics || wget -qO- localhost:{port}/metrics) 2>/dev/null"
+    " | grep -E '^vllm:num_requests_running' | awk '{{s+=$2}} END {{print int(s)}}'); "
+    '[ "${{n:-0}}" -eq 0 ] && exit 0; i=$((i+1)); sleep 1; done'
+)
+
+
+def image_for(spec: DisaggregatedDeploymentSpec, own_image: str) -> str:
+    if spec.engine.image:
+        return spec.engine.image
+    return own_image if spec.engine.kind == "emulator" else DEFAULT_IMAGES[spec.engine.kind]
+
+
+def _vllm_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
+    argv = ["vllm", "serve", spec.model.name, "--port", str(L.ENGINE_PORT)]
+    argv += ["--tensor-parallel-size", str(pool.tp)]
+    if role == "worker":
+        argv += ["--enable-chunked-prefill"]
+    else:
+        config = {"kv_connector": spec.engine.kv_connector, "kv_role": "kv_both"}
+        argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return argv
+
+
+def _sglang_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
+    argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT), "--tp", str(pool.tp)]
+    if role == "worker":
+        return [*argv, "--enable-mixed-chunk"]
+    backend = "nixl" if spec.engine.kv_connector == "NixlConnector" else "mooncake"
+    argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
+    if role == "prefill":
+        argv += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
+    return argv
+
+
+def command(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
+    """The full engine command line of one pool's containers."""
+    if spec.engine.kind == "sglang":
+        argv = _sglang_argv(spec, role, pool)
+    else:
+        argv = _vllm_argv(spec, role, pool)
+        if spec.engine.kind == "emulator":
+            argv = ["xpyd", "emulate", "--", *argv]
+    return [*argv, *spec.engine.args, *pool.args]
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def env(spec: DisaggregatedDeploymentSpec, owner_name: str, role: str, domain: str | None) -> list[dict[str, Any]]:
+    """Engine env: side-channel host from the pod IP, node and NVLink domain, then the user's."""
+    out: list[dict[str, Any]] = [
+        _field("POD_IP", "status.podIP"),
+        _field(L.ENV_NIXL_HOST, "status.podIP"),
+        {"name": L.ENV_NIXL_PORT, "value": str(L.NIXL_PORT)},
+        _field(L.ENV_NODE_NAME, "spec.nodeName"),
+        {"name": L.ENV_ROLE, "value": role},
+        {"name": L.ENV_DEPLOYMENT, "value": owner_name},
+    ]
+    if domain is not None:
+        out.append({"name": L.ENV_NVLINK_DOMAIN, "value": domain})
+    elif spec.topology.kind == "HGX-B200":
+        out.append(_field(L.ENV_NVLINK_DOMAIN, "spec.nodeName"))
+    gpu = GPU_OF_TOPOLOGY.get(spec.topology.kind)
+    if gpu:
+        out.append({"name": L.ENV_GPU, "value": gpu})
+    out += [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    return out
+
+
+def resources(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
+    requests: dict[str, str] = dict(spec.engine.resources)
+    limits: dict[str, str] = {}
+    if pool.gpus_per_replica > 0:
+        requests[L.GPU_RESOURCE] = limits[L.GPU_RESOURCE] = str(pool.gpus_per_replica)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def container(
+    spec: DisaggregatedDeploymentSpec,
+    owner_name: str,
+    role: str,
+    pool: PoolSpec,
+    domain: str | None,
+    own_image: str,
+) -> dict[str, Any]:
+    ports = [{"name": "http", "containerPort": L.ENGINE_PORT, "protocol": "TCP"}]
+    if role != "worker":
+        ports.append({"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"})
+    if spec.engine.kind == "sglang" and role == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    drain = _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT)
+    return {
+        "name": "engine",
+        "image": image_for(spec, own_image),
+        "command": command(spec, role, pool),
+        "env": env(spec, owner_name, role, domain),
+        "ports": ports,
+        "resources": resources(spec, pool),
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": 5},
+        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
+        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", drain]}}},
+    }

@@ -1,0 +1,108 @@
+"""In-memory API server and sample data for tests of the reconciler (and of hooks such as the autoscaler)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from xpyd_api import labels as L
+from xpyd_api.models import DisaggregatedDeploymentSpec
+from xpyd_operator.desired import Observed
+from xpyd_operator.meta import Owner
+from xpyd_operator.placement import NodeInfo
+
+OWNER = Owner("llama", "ns1", "uid-1")
+CLIQUE_A = "cluster-uuid.0"
+CLIQUE_B = "cluster-uuid.1"
+
+
+def spec(**overrides: Any) -> DisaggregatedDeploymentSpec:
+    body: dict[str, Any] = {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+        "topology": {"kind": "HGX-B200"},
+        "prefill": {"replicas": 2, "gpusPerReplica": 8},
+        "decode": {"replicas": 4, "gpusPerReplica": 8},
+    }
+    body.update(overrides)
+    return DisaggregatedDeploymentSpec.model_validate(body)
+
+
+def b200_nodes(n: int = 4) -> list[NodeInfo]:
+    lab = {L.GPU_PRODUCT: L.PRODUCT_B200, L.GPU_COUNT: "8"}
+    return [NodeInfo(f"b200-{i}", lab, 8) for i in range(n)]
+
+
+def nvl72_nodes(racks: int = 2, trays: int = 18) -> list[NodeInfo]:
+    out = []
+    for r, clique in enumerate([CLIQUE_A, CLIQUE_B][:racks]):
+        lab = {L.GPU_PRODUCT: L.PRODUCT_GB200, L.GPU_COUNT: "4", L.GPU_CLIQUE: clique}
+        out += [NodeInfo(f"gb200-r{r}-t{t}", lab, 4) for t in range(trays)]
+    return out
+
+
+class FakeKube:
+    """An in-memory API server for one namespace: enough for the reconciler."""
+
+    def __init__(self, dd_spec: dict[str, Any], nodes: list[NodeInfo], generation: int = 1) -> None:
+        self.dd: dict[str, Any] | None = {
+            "apiVersion": "xpyd.io/v1alpha1",
+            "kind": L.KIND,
+            "metadata": {
+                "name": OWNER.name,
+                "namespace": OWNER.namespace,
+                "uid": OWNER.uid,
+                "generation": generation,
+            },
+            "spec": dd_spec,
+        }
+        self.nodes = nodes
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.writes: list[str] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail_next_apply = 0
+        self.compute_domain_crd = False
+
+    async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.dd)
+
+    async def observe(self, owner: Owner, topology: str) -> Observed:
+        children = copy.deepcopy(self.objects)
+        return Observed(nodes=list(self.nodes), children=children, compute_domain_crd=self.compute_domain_crd)
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_next_apply:
+            self.fail_next_apply -= 1
+            raise RuntimeError("apiserver unavailable")
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        stored = copy.deepcopy(manifest)
+        stored["metadata"]["generation"] = self.objects.get(key, {}).get("metadata", {}).get("generation", 0) + 1
+        self.objects[key] = stored
+        self.writes.append(f"apply {key[0]}/{key[1]}")
+        return copy.deepcopy(stored)
+
+    async def delete(self, kind: str, name: str, namespace: str) -> None:
+        self.objects.pop((kind, name), None)
+        self.writes.append(f"delete {kind}/{name}")
+
+    async def apply_status(self, owner: Owner, status: dict[str, Any]) -> None:
+        assert self.dd is not None
+        self.dd["status"] = copy.deepcopy(status)
+        self.writes.append("status")
+
+    async def event(self, owner: Owner, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def settle(self) -> None:
+        """Play the controllers: every StatefulSet and Deployment rolled out and ready."""
+        for (kind, _), obj in self.objects.items():
+            if kind in {"StatefulSet", "Deployment"}:
+                n = obj["spec"].get("replicas", 1)
+                obj["spec"].setdefault("replicas", n)
+                obj["status"] = {
+                    "observedGeneration": obj["metadata"]["generation"],
+                    "replicas": n,
+                    "readyReplicas": n,
+                    "updatedReplicas": n,
+                    "currentRevision": "r1",
+                    "updateRevision": "r1",
+                }

@@ -1,0 +1,124 @@
+"""Engine pools: each role's StatefulSet, headless Service and PodDisruptionBudget, and the ComputeDomain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpyd_api import labels as L
+from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_operator import engine
+from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
+
+CHANNEL_CLAIM = "imex-channel"
+GPU_TOLERATION = {"key": L.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def compute_domain_name(owner: Owner) -> str:
+    return f"{owner.name}-imex"
+
+
+def _affinity(clique: str | None) -> dict[str, Any] | None:
+    if clique is None:
+        return None
+    term = {"matchExpressions": [{"key": L.GPU_CLIQUE, "operator": "In", "values": [clique]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def pod_template(
+    owner: Owner,
+    spec: DisaggregatedDeploymentSpec,
+    role: str,
+    pool: PoolSpec,
+    node_selector: dict[str, str],
+    clique: str | None,
+    compute_domain: bool,
+    own_image: str,
+) -> dict[str, Any]:
+    pod_labels = labels_for(owner, role)
+    if clique is not None:
+        pod_labels[L.NVLINK_DOMAIN_LABEL] = clique
+    main = engine.container(spec, owner.name, role, pool, clique, own_image)
+    pod: dict[str, Any] = {
+        "containers": [main],
+        "terminationGracePeriodSeconds": spec.engine.drain_seconds + 15,
+        "enableServiceLinks": False,
+    }
+    if node_selector:
+        pod["nodeSelector"] = dict(node_selector)
+    if (affinity := _affinity(clique)) is not None:
+        pod["affinity"] = affinity
+    if pool.gpus_per_replica > 0:
+        pod["tolerations"] = [dict(GPU_TOLERATION)]
+    if compute_domain and clique is not None:
+        template = f"{compute_domain_name(owner)}-channel"
+        pod["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": template}]
+        main["resources"]["claims"] = [{"name": CHANNEL_CLAIM}]
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(L.ENGINE_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+
+
+def statefulset(
+    owner: Owner,
+    spec: DisaggregatedDeploymentSpec,
+    role: str,
+    pool: PoolSpec,
+    node_selector: dict[str, str],
+    clique: str | None,
+    compute_domain: bool,
+    own_image: str,
+) -> dict[str, Any]:
+    """StatefulSet <name>-<role>; replicas only when the spec sets them, else an external scaler owns them."""
+    name = child_name(owner, role)
+    body: dict[str, Any] = {
+        "serviceName": name,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector(owner, role)},
+        "updateStrategy": {"type": "RollingUpdate"},
+        "template": pod_template(owner, spec, role, pool, node_selector, clique, compute_domain, own_image),
+    }
+    if pool.replicas is not None:
+        body["replicas"] = pool.replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata_for(owner, name, role),
+        "spec": body,
+    }
+
+
+def headless_service(owner: Owner, role: str) -> dict[str, Any]:
+    name = child_name(owner, role)
+    ports = [{"name": "http", "port": L.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}]
+    if role != "worker":
+        ports.append({"name": "kv-side", "port": L.NIXL_PORT, "targetPort": "kv-side", "protocol": "TCP"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata_for(owner, name, role),
+        "spec": {"clusterIP": "None", "selector": selector(owner, role), "ports": ports},
+    }
+
+
+def disruption_budget(owner: Owner, role: str) -> dict[str, Any]:
+    name = child_name(owner, role)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata_for(owner, name, role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner, role)}},
+    }
+
+
+def compute_domain(owner: Owner, nodes: int) -> dict[str, Any]:
+    """The IMEX channel (ComputeDomain) multi-node NVLink needs on an NVL72 rack."""
+    name = compute_domain_name(owner)
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": metadata_for(owner, name, "worker"),
+        "spec": {"numNodes": nodes, "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+    }

@@ -1,0 +1,146 @@
+"""Status that tells the truth: pool counts, placement and conditions computed from observed children."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpyd_api import conditions as C
+from xpyd_api.models import (
+    Condition,
+    DisaggregatedDeploymentSpec,
+    DisaggregatedDeploymentStatus,
+    PoolStatus,
+)
+from xpyd_operator.desired import Desired, Observed
+from xpyd_operator.meta import Owner, child_name
+
+
+def pool_status(observed: Observed, owner: Owner, role: str, kind: str = "StatefulSet") -> PoolStatus:
+    obj = observed.children.get((kind, child_name(owner, role))) or {}
+    want = obj.get("spec", {}).get("replicas")
+    ready = obj.get("status", {}).get("readyReplicas") or 0
+    return PoolStatus(replicas=int(want if want is not None else 0), ready_replicas=int(ready))
+
+
+def xpyd_label(pools: dict[str, PoolStatus]) -> str:
+    if "worker" in pools:
+        return f"{pools['worker'].replicas}C"
+    return f"{pools['prefill'].replicas}P{pools['decode'].replicas}D"
+
+
+def _rolling(observed: Observed, owner: Owner, roles: list[str]) -> list[str]:
+    """Pools (and the router) whose controller has not caught up with their latest spec."""
+    out = []
+    for kind, role in [("StatefulSet", r) for r in roles] + [("Deployment", "router")]:
+        obj = observed.children.get((kind, child_name(owner, role)))
+        if obj is None:
+            out.append(role)
+            continue
+        st, gen = obj.get("status", {}), obj.get("metadata", {}).get("generation")
+        want = obj.get("spec", {}).get("replicas") or 0
+        behind = st.get("observedGeneration") != gen or (st.get("updatedReplicas") or 0) < want
+        revising = kind == "StatefulSet" and st.get("currentRevision") != st.get("updateRevision")
+        if behind or revising:
+            out.append(role)
+    return out
+
+
+def worthwhile(spec: DisaggregatedDeploymentSpec, gen: int | None) -> Condition:
+    from xpyd_perf import break_even
+
+    kind = spec.topology.kind
+    pool = spec.prefill or spec.worker
+    if kind == "Any" or pool is None:
+        return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NoTopology", "topology Any: no hardware to model", gen)
+    try:
+        verdict = break_even(
+            spec.model.name, kind, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
+        )
+    except ValueError as exc:  # unknown model/topology or a replica the model cannot place
+        return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NotModelled", str(exc), gen)
+    summary = verdict.summary()
+    if spec.mode == "Colocated":
+        reason = "ColocatedButWorthwhile" if verdict.disaggregate else "ColocationFits"
+    else:
+        reason = "TransferBelowStall" if verdict.disaggregate else "TransferAboveStall"
+    return C.make(C.DISAGGREGATION_WORTHWHILE, verdict.disaggregate, reason, summary, gen)
+
+
+def _placement_conditions(
+    spec: DisaggregatedDeploymentSpec, desired: Desired, observed: Observed, gen: int | None
+) -> list[Condition]:
+    pl = desired.placement
+    if pl is None:
+        return []
+    out = [C.make(C.TOPOLOGY_SATISFIED, pl.satisfied, pl.reason, pl.message, gen)]
+    if spec.topology.kind == "GB200-NVL72":
+        if not observed.compute_domain_crd:
+            msg = "ComputeDomain (resource.nvidia.com/v1beta1) is not installed: no IMEX channel for NVLink"
+            out.append(C.make(C.COMPUTE_DOMAIN, False, "ComputeDomainCRDMissing", msg, gen))
+        elif not pl.satisfied:
+            out.append(C.make(C.COMPUTE_DOMAIN, False, "SpansRacks", "an IMEX channel cannot span racks", gen))
+        else:
+            msg = f"ComputeDomain for clique {', '.join(pl.cliques)} provides the IMEX channel"
+            out.append(C.make(C.COMPUTE_DOMAIN, True, "Created", msg, gen))
+    return out
+
+
+def compute(
+    owner: Owner,
+    generation: int | None,
+    spec: DisaggregatedDeploymentSpec,
+    desired: Desired,
+    observed: Observed,
+    old: list[Condition],
+    now: str,
+) -> DisaggregatedDeploymentStatus:
+    roles = list(spec.pools())
+    pools = {role: pool_status(observed, owner, role) for role in roles}
+    router = pool_status(observed, owner, "router", "Deployment")
+    nodes = sorted({p.get("spec", {}).get("nodeName") for p in observed.own_pods} - {None, ""})
+    conds: list[Condition] = []
+    if desired.error is not None:
+        reason, message = desired.error
+        conds.append(C.make(C.READY, False, reason, f"{message}; running children left untouched", generation))
+        conds.append(C.make(C.PROGRESSING, False, "Blocked", "fix the spec to continue", generation))
+    else:
+        counts = [f"{r} {p.ready_replicas}/{p.replicas}" for r, p in pools.items()]
+        counts.append(f"router {router.ready_replicas}/{router.replicas}")
+        every = [*pools.values(), router]
+        ready = all(p.replicas > 0 and p.ready_replicas >= p.replicas for p in every)
+        reason = "AllReplicasReady" if ready else "ReplicasNotReady"
+        conds.append(C.make(C.READY, ready, reason, ", ".join(counts) + " ready", generation))
+        rolling = _rolling(observed, owner, roles)
+        if rolling:
+            msg = f"rolling out {', '.join(rolling)}"
+            conds.append(C.make(C.PROGRESSING, True, "RollingOut", msg, generation))
+        elif not ready:
+            msg = "children run their latest spec; waiting for replicas to become ready"
+            conds.append(C.make(C.PROGRESSING, True, "WaitingForReplicas", msg, generation))
+        else:
+            conds.append(C.make(C.PROGRESSING, False, "Complete", "every child runs its latest spec", generation))
+    conds += _placement_conditions(spec, desired, observed, generation)
+    conds.append(worthwhile(spec, generation))
+    merged = C.merge(old, conds, now, C.RECONCILER_TYPES)
+    placement = None
+    if desired.placement is not None:
+        pl = desired.placement
+        placement = {"cliques": pl.cliques, "nodes": nodes, "kv_path": pl.kv_path}
+    return DisaggregatedDeploymentStatus.model_validate(
+        {
+            "observed_generation": generation,
+            "xpyd": xpyd_label(pools),
+            **pools,
+            "router": router,
+            "placement": placement,
+            "conditions": [c for c in merged if c.type in C.RECONCILER_TYPES],
+        }
+    )
+
+
+def owned_view(status: DisaggregatedDeploymentStatus) -> dict[str, Any]:
+    """The part of a status the reconciler writes, in a canonical form for comparison and apply."""
+    body = status.model_dump(by_alias=True, exclude_none=True, exclude={"autoscaler"})
+    conds = [c for c in body.get("conditions", []) if c["type"] in C.RECONCILER_TYPES]
+    body["conditions"] = sorted(conds, key=lambda c: c["type"])
+    return body

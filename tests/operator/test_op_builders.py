@@ -1,0 +1,331 @@
+"""Pure builders: engine command lines, pools, router objects, owner references and hashes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from xpyd_api import labels as L
+from xpyd_operator import engine, pools, routerkit
+from xpyd_operator.desired import build_children
+from xpyd_operator.fakekube import CLIQUE_A, OWNER, spec
+from xpyd_operator.meta import manifest_hash, stamp
+from xpyd_operator.placement import Demand, place
+
+IMG = "ghcr.io/xpyd/xpyd:test"
+KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+M70 = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "role", "argv"),
+    [
+        (
+            {},
+            "prefill",
+            [
+                "vllm",
+                "serve",
+                M70,
+                "--port",
+                "8000",
+                "--tensor-parallel-size",
+                "8",
+                "--kv-transfer-config",
+                KV,
+            ],
+        ),
+        (
+            {"mode": "Colocated", "prefill": None, "decode": None, "worker": {"gpusPerReplica": 4}},
+            "worker",
+            [
+                "vllm",
+                "serve",
+                M70,
+                "--port",
+                "8000",
+                "--tensor-parallel-size",
+                "4",
+                "--enable-chunked-prefill",
+            ],
+        ),
+        (
+            {"engine": {"kind": "sglang"}},
+            "decode",
+            [
+                "python3",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                M70,
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "8000",
+                "--tp",
+                "8",
+                "--disaggregation-mode",
+                "decode",
+                "--disaggregation-transfer-backend",
+                "nixl",
+            ],
+        ),
+        (
+            {"engine": {"kind": "sglang", "kvConnector": "MooncakeConnector"}},
+            "prefill",
+            [
+                "python3",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                M70,
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "8000",
+                "--tp",
+                "8",
+                "--disaggregation-mode",
+                "prefill",
+                "--disaggregation-transfer-backend",
+                "mooncake",
+                "--disaggregation-bootstrap-port",
+                "8998",
+            ],
+        ),
+        (
+            {"engine": {"kind": "emulator", "args": ["--max-model-len", "8192"]}},
+            "decode",
+            [
+                "xpyd",
+                "emulate",
+                "--",
+                "vllm",
+                "serve",
+                M70,
+                "--port",
+                "8000",
+                "--tensor-parallel-size",
+                "8",
+                "--kv-transfer-config",
+                KV,
+                "--max-model-len",
+                "8192",
+            ],
+        ),
+        (
+            {"decode": {"replicas": 1, "gpusPerReplica": 8, "tensorParallelSize": 4, "args": ["--x"]}},
+            "decode",
+            [
+                "vllm",
+                "serve",
+                M70,
+                "--port",
+                "8000",
+                "--tensor-parallel-size",
+                "4",
+                "--kv-transfer-config",
+                KV,
+                "--x",
+            ],
+        ),
+    ],
+)
+def test_engine_command(overrides: dict[str, Any], role: str, argv: list[str]) -> None:
+    body = {k: v for k, v in {**_base(), **overrides}.items() if v is not None}
+    s = _spec(body)
+    assert engine.command(s, role, s.pools()[role]) == argv
+
+
+def _base() -> dict[str, Any]:
+    return {
+        "model": {"name": M70},
+        "topology": {"kind": "HGX-B200"},
+        "prefill": {"replicas": 2, "gpusPerReplica": 8},
+        "decode": {"replicas": 4, "gpusPerReplica": 8},
+    }
+
+
+def _spec(body: dict[str, Any]) -> Any:
+    from xpyd_api.models import DisaggregatedDeploymentSpec
+
+    return DisaggregatedDeploymentSpec.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("kind", "image"),
+    [("vllm", "vllm/vllm-openai:v0.11.0"), ("sglang", "lmsysorg/sglang:v0.5.3"), ("emulator", IMG)],
+)
+def test_default_images(kind: str, image: str) -> None:
+    assert engine.image_for(spec(engine={"kind": kind}), IMG) == image
+    assert engine.image_for(spec(engine={"kind": kind, "image": "mine:1"}), IMG) == "mine:1"
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("topology", "clique", "domain"),
+    [
+        ("HGX-B200", None, {"fieldRef": {"fieldPath": "spec.nodeName"}}),
+        ("GB200-NVL72", CLIQUE_A, CLIQUE_A),
+        ("GB200-NVL72", None, None),
+        ("Any", None, None),
+    ],
+)
+def test_engine_env(topology: str, clique: str | None, domain: Any) -> None:
+    s = spec(topology={"kind": topology}, engine={"env": [{"name": "HF_TOKEN", "value": "x"}]})
+    assert s.prefill is not None
+    env = _env(engine.container(s, "llama", "prefill", s.prefill, clique, IMG))
+    assert env[L.ENV_NIXL_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env[L.ENV_NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env.get(L.ENV_NVLINK_DOMAIN) == domain
+    assert env["HF_TOKEN"] == "x"
+    assert env[L.ENV_ROLE] == "prefill"
+
+
+def test_engine_container_probes_gpus_and_drain() -> None:
+    s = spec(engine={"drainSeconds": 300, "resources": {"memory": "200Gi"}})
+    assert s.decode is not None
+    c = engine.container(s, "llama", "decode", s.decode, None, IMG)
+    assert c["resources"] == {
+        "requests": {"memory": "200Gi", L.GPU_RESOURCE: "8"},
+        "limits": {L.GPU_RESOURCE: "8"},
+    }
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert "vllm:num_requests_running" in c["lifecycle"]["preStop"]["exec"]["command"][2]
+    assert [p["containerPort"] for p in c["ports"]] == [8000, 5600]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "clique", "cd"),
+    [(3, None, False), (None, None, False), (2, CLIQUE_A, False), (2, CLIQUE_A, True)],
+)
+def test_statefulset(replicas: int | None, clique: str | None, cd: bool) -> None:
+    prefill: dict[str, Any] = {"gpusPerReplica": 4}
+    if replicas is not None:
+        prefill["replicas"] = replicas
+    s = spec(topology={"kind": "GB200-NVL72"}, prefill=prefill, decode={"replicas": 1, "gpusPerReplica": 4})
+    assert s.prefill is not None
+    sel = {L.GPU_PRODUCT: L.PRODUCT_GB200}
+    sts = pools.statefulset(OWNER, s, "prefill", s.prefill, sel, clique, cd, IMG)
+    body, pod = sts["spec"], sts["spec"]["template"]["spec"]
+    assert sts["metadata"]["name"] == "llama-prefill"
+    assert body["serviceName"] == "llama-prefill"
+    assert body["podManagementPolicy"] == "Parallel"
+    assert ("replicas" in body) is (replicas is not None)
+    assert body.get("replicas") == replicas
+    assert body["selector"]["matchLabels"] == {L.DEPLOYMENT: "llama", L.ROLE: "prefill"}
+    assert pod["nodeSelector"] == sel
+    assert pod["terminationGracePeriodSeconds"] >= s.engine.drain_seconds
+    template_labels = body["template"]["metadata"]["labels"]
+    assert template_labels.get(L.NVLINK_DOMAIN_LABEL) == clique
+    if clique:
+        term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [clique]
+    else:
+        assert "affinity" not in pod
+    assert ("resourceClaims" in pod) is cd
+    if cd:
+        assert pod["resourceClaims"][0]["resourceClaimTemplateName"] == "llama-imex-channel"
+        assert pod["containers"][0]["resources"]["claims"] == [{"name": pools.CHANNEL_CLAIM}]
+
+
+@pytest.mark.parametrize(("role", "ports"), [("prefill", [8000, 5600]), ("worker", [8000])])
+def test_headless_service_and_pdb(role: str, ports: list[int]) -> None:
+    svc = pools.headless_service(OWNER, role)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert [p["port"] for p in svc["spec"]["ports"]] == ports
+    pdb = pools.disruption_budget(OWNER, role)
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {L.DEPLOYMENT: "llama", L.ROLE: role}},
+    }
+
+
+def test_compute_domain() -> None:
+    cd = pools.compute_domain(OWNER, 6)
+    assert cd["apiVersion"] == "resource.nvidia.com/v1beta1"
+    assert cd["spec"] == {"numNodes": 6, "channel": {"resourceClaimTemplate": {"name": "llama-imex-channel"}}}
+
+
+@pytest.mark.parametrize(("router", "image"), [({}, IMG), ({"image": "r:2", "replicas": 3}, "r:2")])
+def test_router_objects(router: dict[str, Any], image: str) -> None:
+    s = spec(router=router)
+    dep = routerkit.deployment(OWNER, s, IMG)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == image
+    assert c["command"] == [
+        "xpyd", "router", "--deployment", "llama", "--namespace", "ns1", "--host", "$(POD_IP)", "--port", "8000",
+        "--policy", "kv-aware", "--engine", "vllm",
+    ]  # fmt: skip
+    assert _env(c)[L.ENV_ROUTER_POLICY] == "kv-aware"
+    assert dep["spec"]["replicas"] == s.router.replicas
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "llama-router"
+    rules = routerkit.role(OWNER)["rules"]
+    assert {r for rule in rules for r in rule["resources"]} == {"pods", "endpointslices"}
+    assert {v for rule in rules for v in rule["verbs"]} == {"get", "list", "watch"}
+    binding = routerkit.role_binding(OWNER)
+    assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "llama-router", "namespace": "ns1"}
+    assert routerkit.service(OWNER)["spec"]["ports"][0]["port"] == 8000
+
+
+@pytest.mark.parametrize(
+    ("mode_body", "kinds"),
+    [
+        (
+            {},
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Service",
+                "PodDisruptionBudget",
+                "Service",
+                "PodDisruptionBudget",
+                "StatefulSet",
+                "StatefulSet",
+                "Deployment",
+                "Service",
+            ],
+        ),
+        (
+            {"mode": "Colocated", "worker": {"replicas": 2}},
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "Service",
+                "PodDisruptionBudget",
+                "StatefulSet",
+                "Deployment",
+                "Service",
+            ],
+        ),
+    ],
+)
+def test_children_are_owned_labelled_and_stamped(mode_body: dict[str, Any], kinds: list[str]) -> None:
+    body = _base()
+    if mode_body:
+        body = {"model": body["model"], "topology": body["topology"], **mode_body}
+    s = _spec(body)
+    demands = [Demand(role, p.replicas or 1, p.gpus_per_replica, p.tp) for role, p in s.pools().items()]
+    children = build_children(OWNER, s, place("HGX-B200", demands), False, IMG, IMG)
+    assert [c["kind"] for c in children] == kinds
+    for c in children:
+        assert c["metadata"]["ownerReferences"] == [OWNER.ref()]
+        assert c["metadata"]["ownerReferences"][0]["controller"] is True
+        assert c["metadata"]["labels"][L.MANAGED_BY] == L.MANAGER
+        assert c["metadata"]["annotations"][L.APPLIED_HASH] == manifest_hash(c)
+
+
+def test_hash_is_stable_and_changes_with_content() -> None:
+    a = stamp({"kind": "X", "metadata": {"name": "a"}, "spec": {"v": 1}})
+    b = stamp(json.loads(json.dumps(a)))
+    c = stamp({"kind": "X", "metadata": {"name": "a"}, "spec": {"v": 2}})
+    assert a == b
+    assert manifest_hash(a) != manifest_hash(c)
