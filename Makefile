@@ -41,7 +41,7 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: venv
+unit: venv tools
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
 e2e: venv

@@ -100,10 +100,51 @@ class RouterSpec(_Model):
     image: str | None = Field(default=None, description="Router image; the operator's default when omitted.")
 
 
+class RatioBand(_Model):
+    """Allowed prefill:decode replica ratio; the autoscaler raises the lagging pool to stay inside."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel([{"rule": "self.min <= self.max", "message": "ratioBand.min must be <= ratioBand.max"}])
+    )
+
+    min: float = Field(gt=0, description="Lowest prefill/decode replica ratio.")
+    max: float = Field(gt=0, description="Highest prefill/decode replica ratio.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RatioBand:
+        if self.min > self.max:
+            raise ValueError("ratioBand.min must be <= ratioBand.max")
+        return self
+
+
+class AutoscalingTargets(_Model):
+    """Per-replica targets of the autoscaler's policy; omitted ones keep their defaults."""
+
+    prefill_waiting_per_replica: float | None = Field(default=None, gt=0, description="Queued requests (default 2).")
+    prefill_running_per_replica: float | None = Field(default=None, gt=0, description="Running requests.")
+    prefill_tokens_per_second_per_replica: float | None = Field(
+        default=None, gt=0, description="Prompt tokens/s one prefill replica sustains (else learnt)."
+    )
+    prefill_utilization: float | None = Field(default=None, gt=0, le=1, description="Target share of that capacity.")
+    decode_kv_usage: float | None = Field(default=None, gt=0, le=1, description="KV-cache usage (default 0.7).")
+    decode_waiting_per_replica: float | None = Field(default=None, gt=0, description="Queued requests (default 1).")
+    decode_running_per_replica: float | None = Field(default=None, gt=0, description="Running requests.")
+    ttft_p90_seconds: float | None = Field(default=None, gt=0, description="TTFT p90 SLO; a breach adds a replica.")
+    itl_p90_seconds: float | None = Field(default=None, gt=0, description="ITL p90 SLO; a breach adds a replica.")
+
+
 class AutoscalingSpec(_Model):
     enabled: bool = False
     prometheus_url: str = "http://prometheus.monitoring:9090"
     interval_seconds: int = Field(default=15, ge=1)
+    stabilization_seconds: int = Field(
+        default=300, ge=0, description="Scale down only to the highest recommendation of this window."
+    )
+    stale_after_seconds: int | None = Field(
+        default=None, ge=1, description="Ignore samples older than this (default max(60, 4 x interval))."
+    )
+    ratio_band: RatioBand | None = None
+    targets: AutoscalingTargets | None = None
 
 
 class WorkloadSpec(_Model):

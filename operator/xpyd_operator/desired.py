@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,24 @@ def placement_for(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: 
     if spec.topology.kind == "GB200-NVL72":
         free = free_by_clique(observed.nodes, observed.pods, observed.reservations, owner.key)
     return place(spec.topology.kind, wanted, free, current_pins(observed, owner, [d.role for d in wanted]))
+
+
+def autoscaled(spec: DisaggregatedDeploymentSpec, autoscaler: Mapping[str, Any] | None) -> DisaggregatedDeploymentSpec:
+    """The spec with each autoscaled pool sized as the autoscaler last decided (status.autoscaler.<pool>.desired).
+
+    The operator stays the one writer of StatefulSet replicas: the autoscaler records its decision in
+    status and the reconcile applies it, so the two never fight over the field.
+    """
+    if not spec.autoscaling.enabled or not autoscaler:
+        return spec
+    update: dict[str, PoolSpec] = {}
+    for role, pool in spec.pools().items():
+        decided = (autoscaler.get(role) or {}).get("desired") if isinstance(autoscaler.get(role), dict) else None
+        if pool.autoscaling is None or not isinstance(decided, int):
+            continue
+        size = min(max(decided, pool.autoscaling.min_replicas), pool.autoscaling.max_replicas)
+        update[role] = pool.model_copy(update={"replicas": size})
+    return spec.model_copy(update=update) if update else spec
 
 
 def build_children(

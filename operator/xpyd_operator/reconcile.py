@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from xpyd_api import conditions as C
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 from xpyd_operator import opmetrics, statuscalc
-from xpyd_operator.desired import Desired, Observed, desire, needs_apply, obsolete
+from xpyd_operator.desired import Desired, Observed, autoscaled, desire, needs_apply, obsolete
 from xpyd_operator.meta import Owner, default_own_image
 
 log = logging.getLogger("xpyd.operator")
@@ -98,6 +98,7 @@ class Reconciler:
             spec = DisaggregatedDeploymentSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             return await self._invalid(owner, generation, old, exc)
+        spec = autoscaled(spec, old.autoscaler)
         if spec.topology.kind == "GB200-NVL72":
             async with self.placement_lock:
                 return await self._converge(owner, generation, spec, old)

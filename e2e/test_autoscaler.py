@@ -1,0 +1,214 @@
+"""The autoscaler end to end: real Prometheus scrapes emulated workers, load moves each pool, both shrink.
+
+Needs the cluster named by KUBECONFIG with a Prometheus that discovers annotated pods through
+kubernetes_sd_configs (the local harness starts one at http://127.0.0.1:9090; elsewhere set
+XPYD_PROMETHEUS_URL to a Prometheus the operator can reach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from xpyd_chart.helm import CHART, kubectl_binary
+from xpyd_chart.helm import run as helm
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RELEASE = "xpyd-autoscaler-e2e"
+NAME = "scaler"
+PROMETHEUS = os.environ.get("XPYD_PROMETHEUS_URL", "http://127.0.0.1:9090")
+DD = """
+apiVersion: xpyd.io/v1alpha1
+kind: DisaggregatedDeployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  engine: {{kind: emulator}}
+  mode: Disaggregated
+  topology: {{kind: HGX-B200}}
+  prefill:
+    gpusPerReplica: 1
+    autoscaling: {{minReplicas: 1, maxReplicas: 3}}
+  decode:
+    gpusPerReplica: 1
+    args: [--max-num-seqs, "4"]
+    autoscaling: {{minReplicas: 1, maxReplicas: 3}}
+  router: {{replicas: 1, policy: least-loaded}}
+  autoscaling:
+    enabled: true
+    prometheusUrl: {prometheus}
+    intervalSeconds: 5
+"""
+WINDOW_S = 30  # stabilizationSeconds, when the CRD has the field (else the policy's 300 s default)
+
+
+def window_field_known() -> bool:
+    crd = get_json("crd", "disaggregateddeployments.xpyd.io") or {}
+    return "stabilizationSeconds" in json.dumps(crd.get("spec", {}))
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    binary = kubectl_binary()
+    assert binary is not None, "kubectl not found (set KUBECTL)"
+    out = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, check=False, timeout=120)
+    if check:
+        assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
+    return out
+
+
+def get_json(*args: str) -> dict[str, Any] | None:
+    out = kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def namespace() -> Iterator[str]:
+    if not os.environ.get("KUBECONFIG"):
+        pytest.fail("KUBECONFIG must name the cluster for e2e tests")
+    ns = f"xpyd-as-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    crd = get_json("crd", "disaggregateddeployments.xpyd.io")
+    owner = ((crd or {}).get("metadata", {}).get("annotations") or {}).get("meta.helm.sh/release-name")
+    crds = [] if crd is None or owner == RELEASE else ["--set", "crds.install=false"]
+    args = ["install", RELEASE, str(CHART), "-n", ns, "--set", f"operator.watchNamespace={ns}", *crds]
+    result = helm(*args, "--wait", "--timeout", "180s", timeout=300)
+    assert result.returncode == 0, f"helm install: {result.stderr}"
+    yield ns
+    kubectl("delete", "dd", NAME, "-n", ns, "--wait=false", check=False)
+    helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s")
+    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+async def wait_until(what: str, probe: Any, limit_s: float) -> Any:
+    """Poll probe() (in a thread: it runs kubectl) until truthy; fail naming what never happened."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        await asyncio.sleep(2)
+    raise AssertionError(f"timed out after {limit_s:.0f}s waiting for {what}")
+
+
+def replicas(ns: str, role: str) -> int:
+    sts = get_json("statefulset", f"{NAME}-{role}", "-n", ns) or {}
+    return int(sts.get("spec", {}).get("replicas", 0))
+
+
+def healthy(ns: str) -> dict[str, Any] | None:
+    dd = get_json("dd", NAME, "-n", ns) or {}
+    conds = {c["type"]: c for c in (dd.get("status") or {}).get("conditions") or []}
+    ok = conds.get("AutoscalerHealthy", {}).get("status") == "True"
+    return dd if ok else None
+
+
+def pod_urls(ns: str, role: str) -> list[str]:
+    """The engine endpoints of a pool's running pods (pod IPs are loopback addresses here)."""
+    pods = get_json("pods", "-n", ns, "-l", f"xpyd.io/deployment={NAME},xpyd.io/role={role}") or {}
+    running = [p for p in pods.get("items", []) if p["status"].get("phase") == "Running"]
+    return [f"http://{p['status']['podIP']}:8000" for p in running if p["status"].get("podIP")]
+
+
+@dataclass
+class Load:
+    """A bounded closed-loop load on one pool: ``concurrency`` clients, ``limit`` requests at most.
+
+    Requests go straight to the pool's pods (spread over those running, re-listed every few
+    seconds), so each phase loads exactly the pool it is about, whatever the router does.
+    """
+
+    ns: str
+    role: str
+    prompt_tokens: int
+    max_tokens: int
+    concurrency: int
+    limit: int = 3000
+    sent: int = 0
+    ok: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        urls: list[str] = []
+
+        async def refresh() -> None:
+            while not stop.is_set():
+                urls[:] = await asyncio.to_thread(pod_urls, self.ns, self.role)
+                await asyncio.sleep(3)
+
+        refresher = asyncio.create_task(refresh())
+        async with httpx.AsyncClient(timeout=120) as http:
+            await asyncio.gather(*(self._client(http, stop, urls, i) for i in range(self.concurrency)))
+        refresher.cancel()
+
+    async def _client(self, http: httpx.AsyncClient, stop: asyncio.Event, urls: list[str], i: int) -> None:
+        while not stop.is_set() and self.sent < self.limit:
+            if not urls:
+                await asyncio.sleep(0.5)
+                continue
+            self.sent += 1
+            url = urls[(i + self.sent) % len(urls)]
+            prompt = f"{uuid.uuid4().hex} " + "lorem ipsum " * (self.prompt_tokens * 4 // 12)
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": prompt, "max_tokens": self.max_tokens}
+            try:
+                r = await http.post(f"{url}/v1/completions", json=body)
+                self.ok += r.status_code == 200
+            except httpx.HTTPError:
+                await asyncio.sleep(0.5)
+
+
+async def drive_until(load: Load, what: str, probe: Any, limit_s: float) -> Any:
+    stop = asyncio.Event()
+    task = asyncio.create_task(load.run(stop))
+    try:
+        return await wait_until(what, probe, limit_s)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 150)
+
+
+@pytest.mark.timeout(1200)  # about 4 min with a 30 s window, about 9 min with the 300 s default
+async def test_pools_follow_prompt_and_answer_lengths(namespace: str) -> None:
+    ns = namespace
+    manifest = DD.format(name=NAME, ns=ns, prometheus=PROMETHEUS)
+    window = WINDOW_S if window_field_known() else 300
+    if window == WINDOW_S:
+        manifest += f"    stabilizationSeconds: {WINDOW_S}\n"
+    kubectl("apply", "-f", "-", stdin=manifest)
+    try:
+        await wait_until("Prometheus to see both pools (AutoscalerHealthy=True)", lambda: healthy(ns), 240)
+    except AssertionError as exc:
+        status = (get_json("dd", NAME, "-n", ns) or {}).get("status") or {}
+        raise AssertionError(f"{exc}; conditions: {status.get('conditions')}") from None
+    assert (replicas(ns, "prefill"), replicas(ns, "decode")) == (1, 1)
+
+    # Long prompts, one-token answers: prefill queues up and grows.
+    long_prompts = Load(ns, "prefill", prompt_tokens=6000, max_tokens=1, concurrency=24)
+    await drive_until(long_prompts, "prefill to grow", lambda: replicas(ns, "prefill") >= 2, 180)
+    assert long_prompts.ok > 0
+
+    # Short prompts, long answers: decode's batch (4 seqs) fills, its queue grows, decode grows.
+    long_answers = Load(ns, "decode", prompt_tokens=64, max_tokens=1500, concurrency=16)
+    await drive_until(long_answers, "decode to grow", lambda: replicas(ns, "decode") >= 2, 180)
+    assert long_answers.ok > 0
+
+    # No load: both pools go back to their floor after the stabilization window.
+    await wait_until(
+        "both pools to shrink back to 1",
+        lambda: replicas(ns, "prefill") == 1 and replicas(ns, "decode") == 1,
+        window + 330,  # the window, then 3 -> 2 -> 1 one step per cooldown, plus pods' exits
+    )
+    dd = get_json("dd", NAME, "-n", ns) or {}
+    auto = dd["status"]["autoscaler"]
+    assert auto["prefill"]["lastScaleTime"]
+    assert auto["decode"]["lastScaleTime"]
+    assert auto["decode"]["desired"] == 1

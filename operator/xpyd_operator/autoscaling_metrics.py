@@ -1,0 +1,85 @@
+"""The autoscaler's own Prometheus metrics (xpyd_ prefix), exported by the operator process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from .autoscaling_types import Decision, PoolDecision
+
+REASONS = (
+    "scale-up",
+    "scale-down",
+    "hold",
+    "stabilizing",
+    "cooldown",
+    "flap-guard",
+    "pending-pods",
+    "no-data",
+    "bounds",
+    "ratio-band",
+    "gpu-ceiling",
+    "static",
+)
+
+
+class AutoscalerMetrics:
+    """Desired vs actual replicas per pool, the reason of the last decision, health and scale events."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        labels = ["namespace", "deployment", "role"]
+        self.desired = Gauge(
+            "xpyd_autoscaler_desired_replicas", "Replicas the autoscaler asks for", labels, registry=registry
+        )
+        self.actual = Gauge("xpyd_autoscaler_actual_replicas", "Ready replicas of the pool", labels, registry=registry)
+        self.reason = Gauge(
+            "xpyd_autoscaler_decision_reason",
+            "1 for the reason of the pool's last decision, 0 for the others",
+            [*labels, "reason"],
+            registry=registry,
+        )
+        self.healthy = Gauge(
+            "xpyd_autoscaler_healthy",
+            "1 when the autoscaler saw fresh metrics for every pool",
+            ["namespace", "deployment"],
+            registry=registry,
+        )
+        self.scale_events = Counter(
+            "xpyd_autoscaler_scale_events_total",
+            "Changes of a pool's size made by the autoscaler",
+            [*labels, "direction"],
+            registry=registry,
+        )
+
+    def record(
+        self,
+        namespace: str,
+        deployment: str,
+        decision: Decision,
+        current: Mapping[str, int],
+        ready: Mapping[str, int],
+    ) -> None:
+        self.healthy.labels(namespace, deployment).set(1 if decision.healthy else 0)
+        for role, d in decision.pools.items():
+            self._pool(namespace, deployment, role, d, current.get(role, 0), ready.get(role, 0))
+
+    def _pool(self, ns: str, dep: str, role: str, d: PoolDecision, current: int, ready: int) -> None:
+        self.desired.labels(ns, dep, role).set(d.desired)
+        self.actual.labels(ns, dep, role).set(ready)
+        for reason in REASONS:
+            self.reason.labels(ns, dep, role, reason).set(1 if reason == d.reason else 0)
+        if d.desired != current:
+            direction = "up" if d.desired > current else "down"
+            self.scale_events.labels(ns, dep, role, direction).inc()
+
+
+_DEFAULT: AutoscalerMetrics | None = None
+
+
+def default_metrics() -> AutoscalerMetrics:
+    """The process-wide instance on prometheus_client's default registry (created once)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = AutoscalerMetrics()
+    return _DEFAULT

@@ -1,0 +1,107 @@
+"""The PromQL the autoscaler runs, and the Prometheus labels (from the scrape config) it relies on.
+
+Workers are scraped by Prometheus through ``kubernetes_sd_configs`` (role: pod). The relabeling
+below turns the pod labels the operator sets (``xpyd.io/deployment``, ``xpyd.io/role``) into the
+Prometheus labels the queries select on:
+
+    namespace        <- __meta_kubernetes_namespace
+    pod              <- __meta_kubernetes_pod_name
+    xpyd_deployment  <- __meta_kubernetes_pod_label_xpyd_io_deployment
+    xpyd_role        <- __meta_kubernetes_pod_label_xpyd_io_role
+
+``SCRAPE_CONFIG`` is that job as YAML, for the cluster harness and the Helm chart to reuse.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from xpyd_api import labels
+
+NAMESPACE_LABEL: Final = "namespace"
+POD_LABEL: Final = "pod"
+DEPLOYMENT_LABEL: Final = "xpyd_deployment"
+ROLE_LABEL: Final = "xpyd_role"
+
+
+def _meta(label: str) -> str:
+    """Prometheus's meta label for a pod label: every non-alphanumeric character becomes '_'."""
+    return "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in label)
+
+
+SCRAPE_JOB: Final = "xpyd-workers"
+# Engine pods carry prometheus.io/scrape, /port and /path annotations (xpyd_operator.pools);
+# the cluster harness (xpyd_cluster.prometheus) uses the same relabeling.
+SCRAPE_CONFIG: Final = f"""\
+- job_name: {SCRAPE_JOB}
+  kubernetes_sd_configs:
+    - role: pod
+  relabel_configs:
+    - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape]
+      regex: "true"
+      action: keep
+    - source_labels: [__meta_kubernetes_pod_phase]
+      regex: Running
+      action: keep
+    # only xpyd engine pods (prefill, decode, or the colocated worker pool)
+    - source_labels: [{_meta(labels.ROLE)}]
+      regex: prefill|decode|worker
+      action: keep
+    - source_labels: [__meta_kubernetes_pod_ip, __meta_kubernetes_pod_annotation_prometheus_io_port]
+      regex: (.+);(\\d+)
+      replacement: $1:$2
+      target_label: __address__
+    - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_path]
+      regex: (.+)
+      target_label: __metrics_path__
+    - source_labels: [__meta_kubernetes_namespace]
+      target_label: {NAMESPACE_LABEL}
+    - source_labels: [__meta_kubernetes_pod_name]
+      target_label: {POD_LABEL}
+    - source_labels: [{_meta(labels.DEPLOYMENT)}]
+      target_label: {DEPLOYMENT_LABEL}
+    - source_labels: [{_meta(labels.ROLE)}]
+      target_label: {ROLE_LABEL}
+"""
+
+# vLLM metric names (DESIGN.md section 6).
+WAITING: Final = "vllm:num_requests_waiting"
+RUNNING: Final = "vllm:num_requests_running"
+KV_USAGE: Final = "vllm:kv_cache_usage_perc"
+TTFT: Final = "vllm:time_to_first_token_seconds"
+ITL: Final = "vllm:inter_token_latency_seconds"
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+
+
+def _quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def selector(namespace: str, deployment: str) -> str:
+    """The label matchers that scope a query to one DisaggregatedDeployment's pods."""
+    if not namespace or not deployment:
+        raise ValueError(f"namespace and deployment must be non-empty, got {namespace!r}, {deployment!r}")
+    return f"{NAMESPACE_LABEL}={_quote(namespace)},{DEPLOYMENT_LABEL}={_quote(deployment)}"
+
+
+def _fresh(metric: str, sel: str, stale_after: float) -> str:
+    """Only the series whose newest sample is at most ``stale_after`` seconds old."""
+    return f"({metric}{{{sel}}} and (time() - timestamp({metric}{{{sel}}})) <= {stale_after:g})"
+
+
+def pool_queries(namespace: str, deployment: str, stale_after: float, window: str = "1m") -> dict[str, str]:
+    """One instant query per observation field, each answering one value per ``xpyd_role``."""
+    sel = selector(namespace, deployment)
+    by = f"by ({ROLE_LABEL})"
+    by_le = f"by ({ROLE_LABEL}, le)"
+    return {
+        "waiting": f"sum {by} {_fresh(WAITING, sel, stale_after)}",
+        "running": f"sum {by} {_fresh(RUNNING, sel, stale_after)}",
+        "kv_usage": f"avg {by} {_fresh(KV_USAGE, sel, stale_after)}",
+        "reporting": f"count {by} {_fresh(WAITING, sel, stale_after)}",
+        "sampled_at": f"max {by} (timestamp({WAITING}{{{sel}}}))",
+        "ttft_p90": f"histogram_quantile(0.9, sum {by_le} (rate({TTFT}_bucket{{{sel}}}[{window}])))",
+        "itl_p90": f"histogram_quantile(0.9, sum {by_le} (rate({ITL}_bucket{{{sel}}}[{window}])))",
+        "prompt_tokens_rate": f"sum {by} (rate({PROMPT_TOKENS}{{{sel}}}[{window}]))",
+    }

@@ -1,0 +1,223 @@
+"""Plain data the autoscaling policies read and return, shared by the operator and the simulator."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+PREFILL = "prefill"
+DECODE = "decode"
+WORKER = "worker"  # the single pool of Colocated mode: both prefill and decode signals apply
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """What one pool looks like now: sizes from the API server, load from Prometheus.
+
+    Every metric is a sum or mean over the pool's fresh series; ``None`` means Prometheus
+    had no fresh sample for it. ``sampled_at`` is the newest sample time (seconds, same
+    clock as ``now``); ``reporting`` is how many pods had fresh samples.
+    """
+
+    replicas: int  # the size currently asked of the StatefulSet
+    ready: int = 0
+    unschedulable: int = 0  # pods Pending because no node has free GPUs
+    waiting: float | None = None  # sum of vllm:num_requests_waiting
+    running: float | None = None  # sum of vllm:num_requests_running
+    kv_usage: float | None = None  # mean of vllm:kv_cache_usage_perc, 0..1
+    ttft_p90: float | None = None  # seconds
+    itl_p90: float | None = None  # seconds
+    prompt_tokens_rate: float | None = None  # sum of rate(vllm:prompt_tokens_total), tokens/s
+    reporting: int | None = None
+    sampled_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0 or self.ready < 0 or self.unschedulable < 0:
+            raise ValueError(f"pool sizes must not be negative: {self}")
+        if self.kv_usage is not None and not 0.0 <= self.kv_usage <= 1.0 + 1e-9:
+            raise ValueError(f"kv_usage must be within 0..1, got {self.kv_usage}")
+
+
+@dataclass(frozen=True)
+class PoolBounds:
+    """One pool's limits from the spec: ``spec.<pool>.autoscaling`` and ``gpusPerReplica``."""
+
+    min_replicas: int
+    max_replicas: int
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0:
+            raise ValueError(f"minReplicas must be >= 0, got {self.min_replicas}")
+        if self.max_replicas < max(self.min_replicas, 1):
+            raise ValueError(f"maxReplicas ({self.max_replicas}) must be >= max(minReplicas, 1) ({self.min_replicas})")
+        if self.gpus_per_replica < 1:
+            raise ValueError(f"gpusPerReplica must be >= 1, got {self.gpus_per_replica}")
+
+    def clamp(self, n: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, n))
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What one replica should carry; a pool is sized so that its load per replica meets these."""
+
+    prefill_waiting_per_replica: float = 2.0
+    prefill_running_per_replica: float | None = None  # optional concurrency target
+    prefill_tokens_per_second_per_replica: float | None = None  # prefill capacity (xpyd plan)
+    prefill_utilization: float = 0.7  # fraction of that capacity to aim for
+    decode_kv_usage: float = 0.7
+    decode_waiting_per_replica: float = 1.0
+    decode_running_per_replica: float | None = None
+    ttft_p90_seconds: float | None = 2.0  # SLO: breached with a queue -> at least one more prefill
+    itl_p90_seconds: float | None = 0.1  # SLO: breached -> at least one more decode
+    tolerance: float = 0.1  # load within (1 + tolerance) x target does not scale up
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_waiting_per_replica", "decode_kv_usage", "decode_waiting_per_replica"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"target {name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.prefill_utilization <= 1:
+            raise ValueError(f"prefill_utilization must be within (0, 1], got {self.prefill_utilization}")
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """How fast and how calmly sizes move (times in seconds)."""
+
+    stabilization_seconds: float = 300.0  # scale down to the highest recommendation of this window
+    scale_up_max_step: int = 4  # at most max(this, current) replicas added per decision
+    scale_down_max_fraction: float = 0.25  # at most max(1, floor(current x this)) removed per decision
+    scale_down_cooldown_seconds: float = 30.0  # between two scale-downs of one pool
+    stale_after_seconds: float = 60.0  # samples older than this count as missing
+
+    def __post_init__(self) -> None:
+        if self.stabilization_seconds < 0 or self.stale_after_seconds <= 0:
+            raise ValueError("stabilization_seconds must be >= 0 and stale_after_seconds > 0")
+        if self.scale_up_max_step < 1 or not 0 < self.scale_down_max_fraction <= 1:
+            raise ValueError("scale_up_max_step must be >= 1 and scale_down_max_fraction within (0, 1]")
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """Everything a policy sees in one decision, apart from its own history and the clock."""
+
+    pools: Mapping[str, PoolObservation]
+    bounds: Mapping[str, PoolBounds]
+    targets: Targets = field(default_factory=Targets)
+    behavior: Behavior = field(default_factory=Behavior)
+    ratio_band: tuple[float, float] | None = None  # prefill:decode replicas, (low, high)
+    free_gpus: int | None = None  # GB200-NVL72: GPUs still free in the rack, a hard ceiling on growth
+
+    def __post_init__(self) -> None:
+        missing = set(self.pools) - set(self.bounds)
+        if missing:
+            raise ValueError(f"no bounds for pools {sorted(missing)}")
+        if self.ratio_band is not None:
+            low, high = self.ratio_band
+            if not 0 < low <= high:
+                raise ValueError(f"ratio band must satisfy 0 < low <= high, got {self.ratio_band}")
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """One pool's memory of past decisions; lives in status.autoscaler.history to survive restarts."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()  # (time, raw recommendation) within the window
+    fresh_since: float | None = None  # start of the current unbroken run of fresh data
+    capacity: float | None = None  # prompt tokens/s one prefill replica was seen to sustain (learned)
+    last_desired: int | None = None  # the size this autoscaler last asked for
+    last_scale_time: float | None = None
+    last_scale_down_time: float | None = None
+    last_direction: int = 0  # +1 up, -1 down, 0 never moved
+    last_direction_change_time: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recommendations": [[t, r] for t, r in self.recommendations],
+            "freshSince": self.fresh_since,
+            "capacity": self.capacity,
+            "lastDesired": self.last_desired,
+            "lastScaleTime": self.last_scale_time,
+            "lastScaleDownTime": self.last_scale_down_time,
+            "lastDirection": self.last_direction,
+            "lastDirectionChangeTime": self.last_direction_change_time,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolState:
+        """Read back what ``to_dict`` wrote; junk (a hand-edited status) reads as an empty history."""
+        try:
+            recs = tuple((float(t), int(r)) for t, r in data.get("recommendations") or ())
+            return cls(
+                recommendations=recs,
+                fresh_since=_opt_float(data.get("freshSince")),
+                capacity=_opt_float(data.get("capacity")),
+                last_desired=_opt_int(data.get("lastDesired")),
+                last_scale_time=_opt_float(data.get("lastScaleTime")),
+                last_scale_down_time=_opt_float(data.get("lastScaleDownTime")),
+                last_direction=int(data.get("lastDirection") or 0),
+                last_direction_change_time=_opt_float(data.get("lastDirectionChangeTime")),
+            )
+        except (TypeError, ValueError):
+            return cls()
+
+    def moved(self, now: float, before: int, after: int) -> PoolState:
+        """The state after the pool was resized from ``before`` to ``after`` at ``now``."""
+        if after == before:
+            return self
+        direction = 1 if after > before else -1
+        changed = self.last_direction != 0 and direction != self.last_direction
+        return replace(
+            self,
+            last_scale_time=now,
+            last_scale_down_time=now if direction < 0 else self.last_scale_down_time,
+            last_direction=direction,
+            last_direction_change_time=now if changed else self.last_direction_change_time,
+        )
+
+
+PolicyState = Mapping[str, PoolState]
+
+
+def state_to_dict(state: PolicyState) -> dict[str, Any]:
+    return {pool: s.to_dict() for pool, s in sorted(state.items())}
+
+
+def state_from_dict(data: Mapping[str, Any] | None) -> dict[str, PoolState]:
+    if not isinstance(data, Mapping):
+        return {}
+    return {str(k): PoolState.from_dict(v) for k, v in data.items() if isinstance(v, Mapping)}
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    desired: int
+    reason: str  # one short code: scale-up, scale-down, hold, stabilizing, ...
+    message: str  # the same for a human, with numbers
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer: a size per pool, whether it could see, and its history to keep."""
+
+    pools: Mapping[str, PoolDecision]
+    healthy: bool
+    health_reason: str  # CamelCase condition reason
+    health_message: str
+    state: Mapping[str, PoolState]
+
+
+def _opt_float(v: Any) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    if math.isnan(f):
+        raise ValueError("NaN")
+    return f
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)

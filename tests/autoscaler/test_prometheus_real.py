@@ -1,0 +1,176 @@
+"""The autoscaler's PromQL against a real Prometheus (Debian's binary) scraping stand-in workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from aiohttp import web
+
+from xpyd_operator.autoscaling_prometheus import PoolMetrics, PrometheusClient, PrometheusError
+
+pytestmark = pytest.mark.slow
+# The local cluster's Prometheus (built by `make tools`), else one on PATH.
+_BUILT = Path(os.environ.get("XPYD_CACHE", Path.home() / ".cache" / "xpyd")) / "bin" / "prometheus"
+PROMETHEUS = str(_BUILT) if _BUILT.exists() else shutil.which("prometheus")
+
+
+@dataclass
+class Worker:
+    """A /metrics endpoint shaped like vLLM's, with gauges the test sets."""
+
+    waiting: float
+    kv: float = 0.0
+    started: float = field(default_factory=time.time)
+    runner: web.AppRunner | None = None
+    port: int = 0
+
+    def exposition(self) -> str:
+        up = time.time() - self.started
+        return "\n".join(
+            [
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting {self.waiting}",
+                "# TYPE vllm:num_requests_running gauge",
+                "vllm:num_requests_running 1",
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                f"vllm:kv_cache_usage_perc {self.kv}",
+                "# TYPE vllm:prompt_tokens_total counter",
+                f"vllm:prompt_tokens_total {1000.0 * up:.3f}",
+                "# TYPE vllm:time_to_first_token_seconds histogram",  # every request in (0.25, 0.5]
+                'vllm:time_to_first_token_seconds_bucket{le="0.25"} 0',
+                f'vllm:time_to_first_token_seconds_bucket{{le="0.5"}} {10.0 * up:.3f}',
+                f'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {10.0 * up:.3f}',
+                f"vllm:time_to_first_token_seconds_count {10.0 * up:.3f}",
+                f"vllm:time_to_first_token_seconds_sum {4.0 * up:.3f}",
+                "",
+            ]
+        )
+
+    async def start(self) -> None:
+        async def metrics(_req: web.Request) -> web.Response:
+            return web.Response(text=self.exposition(), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[dict[str, Worker]]:
+    ws = {
+        "llama-prefill-0": Worker(waiting=3),
+        "llama-prefill-1": Worker(waiting=1),
+        "llama-decode-0": Worker(waiting=0, kv=0.6),
+        "other-prefill-0": Worker(waiting=100),  # another deployment: must not be counted
+    }
+    for w in ws.values():
+        await w.start()
+    yield ws
+    for w in ws.values():
+        await w.stop()
+
+
+@pytest.fixture
+def prometheus(workers: dict[str, Worker], tmp_path: Path) -> Iterator[str]:
+    if PROMETHEUS is None:
+        pytest.fail("no prometheus binary: run `make tools` (it builds one into $XPYD_CACHE/bin)")
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{w.port}"],
+            "labels": {
+                "namespace": "ns",
+                "pod": pod,
+                "xpyd_deployment": pod.split("-")[0],
+                "xpyd_role": pod.split("-")[1],
+            },
+        }
+        for pod, w in workers.items()
+    ]
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": "workers", "static_configs": targets}],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def until(
+    c: PrometheusClient, ok: Callable[[dict[str, PoolMetrics]], bool], tries: int = 60
+) -> dict[str, PoolMetrics]:
+    """Poll (at most ``tries`` x 0.5 s) until Prometheus's answer satisfies ``ok``."""
+    got: dict[str, PoolMetrics] = {}
+    for _ in range(tries):
+        try:
+            got = await c.observe("ns", "llama", ["prefill", "decode"], stale_after=30, rate_window="5s")
+            if ok(got):
+                return got
+        except PrometheusError:
+            pass
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"Prometheus never answered as expected; last answer {got}")
+
+
+async def test_pool_metrics_from_real_prometheus(prometheus: str, workers: dict[str, Worker]) -> None:
+    async with PrometheusClient(prometheus, timeout=2) as c:
+        got = await until(c, lambda g: g["prefill"].reporting == 2 and (g["prefill"].prompt_tokens_rate or 0) > 1500)
+        p, d = got["prefill"], got["decode"]
+        assert (p.waiting, p.running, p.reporting) == (4.0, 2.0, 2)  # the other deployment is excluded
+        assert (d.waiting, d.kv_usage, d.reporting) == (0.0, 0.6, 1)
+        assert p.ttft_p90 == pytest.approx(0.475)  # 90 % into the (0.25, 0.5] bucket
+        assert p.prompt_tokens_rate is not None
+        assert p.prompt_tokens_rate < 2500
+        assert p.sampled_at is not None
+        assert abs(p.sampled_at - time.time()) < 30
+        assert d.itl_p90 is None  # no such histogram: no quantile, not NaN
+
+        # A worker that stops answering goes stale and leaves the sums.
+        await workers["llama-prefill-1"].stop()
+        got = await until(c, lambda g: g["prefill"].reporting == 1)
+        assert got["prefill"].waiting == 3.0
+
+
+async def test_unreachable_prometheus_is_a_reason() -> None:
+    async with PrometheusClient(f"http://127.0.0.1:{free_port()}", timeout=1) as c:
+        with pytest.raises(PrometheusError) as info:
+            await c.observe("ns", "llama", ["prefill"])
+    assert info.value.reason == "PrometheusUnreachable"
