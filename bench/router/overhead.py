@@ -1,0 +1,100 @@
+"""Proxy overhead at fixed concurrency on zero-delay emulators: xpyd vs direct vs PyPI peer routers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from procs import BIN, MODEL, Procs, free_port, router_command, wait_http  # type: ignore[import-not-found]
+
+ROUTERS: list[tuple[str, str, list[str]]] = [
+    ("xpyd kv-aware", "xpyd", ["--direct-below-chars", "0", "--scrape-interval", "1"]),
+    ("xpyd kv-aware (SGLang bootstrap)", "xpyd-sglang", ["--direct-below-chars", "0", "--engine", "sglang"]),
+    ("sglang-router cache_aware", "sglang", ["--policy", "cache_aware"]),
+    ("sglang-router round_robin", "sglang", ["--policy", "round_robin"]),
+    ("vllm-router cache_aware", "vllm", ["--policy", "cache_aware"]),
+    ("vllm-router round_robin", "vllm", ["--policy", "round_robin"]),
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+
+def load(url: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    spec = {"mode": "closed", "url": url + "/v1/completions", "bodies": bodies, "concurrency": concurrency}
+    here = Path(__file__).with_name("loadgen.py")
+    out = subprocess.run(
+        [str(BIN / "python"), str(here)], input=json.dumps(spec).encode(), capture_output=True, check=True
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def bodies(n: int, stream: bool, tag: str) -> list[dict[str, Any]]:
+    text = " hello world, this is a short benchmark prompt." * 5
+    return [
+        {"model": MODEL, "prompt": f"{tag}-{i}{text}", "max_tokens": 16, "stream": stream, "ignore_eos": True}
+        for i in range(n)
+    ]
+
+
+def run(
+    logdir: Path,
+    n: int = 1000,
+    concurrency: int = 64,
+    only: tuple[str, ...] = (),
+    streams: tuple[bool, ...] = (False, True),
+) -> list[dict[str, Any]]:
+    procs = Procs(logdir)
+    rows: list[dict[str, Any]] = []
+    try:
+        prefill = procs.emulator("ovh-prefill", "127.0.81.2", zero_delay=True)
+        decode = procs.emulator("ovh-decode", "127.0.81.3", zero_delay=True)
+        # SGLang-mode workers for the routers that speak SGLang's bootstrap protocol.
+        sgl_prefill = procs.emulator("ovh-sgl-prefill", "127.0.81.4", zero_delay=True, sglang_mode="prefill")
+        sgl_decode = procs.emulator("ovh-sgl-decode", "127.0.81.5", zero_delay=True, sglang_mode="decode")
+        for e in (prefill, decode, sgl_prefill, sgl_decode):
+            wait_http(e.url, proc=e)
+        routers = []
+        for label, kind, extra in ROUTERS:
+            if only and not label.startswith(only):
+                continue
+            port = free_port("127.0.0.1")
+            if kind == "sglang":
+                pd = [f"{sgl_prefill.url} {sgl_prefill.bootstrap}"], [sgl_decode.url]
+            elif kind == "xpyd-sglang":
+                kind, pd = "xpyd", ([sgl_prefill.url], [sgl_decode.url])
+                extra = [*extra, "--bootstrap-port", str(sgl_prefill.bootstrap)]
+            else:
+                pd = [prefill.url], [decode.url]
+            cmd = router_command(kind, port, pd[0], pd[1], extra)
+            routers.append((label, procs.spawn(label.replace(" ", "_"), f"http://127.0.0.1:{port}", cmd)))
+        available = []
+        for label, proc in routers:
+            try:
+                wait_http(proc.url, "/health", 60, proc)
+                available.append((label, proc))
+            except (RuntimeError, TimeoutError) as exc:
+                rows.append({"router": label, "error": str(exc)[:300]})
+        for stream in streams:
+            targets = [("direct (decode worker)", decode.url, None), *[(lb, p.url, p) for lb, p in available]]
+            for label, url, proc in targets:
+                load(url, bodies(min(200, n), stream, "warm"), concurrency)
+                before = proc.cpu() if proc else 0.0
+                out = load(url, bodies(n, stream, label[:6]), concurrency)
+                cpu = (proc.cpu() - before) if proc else 0.0
+                lat = [r[1] for r in out["results"] if r[2]]
+                rows.append({
+                    "router": label, "stream": stream, "ok": len(lat), "n": n,
+                    "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
+                    "rps": len(lat) / out["elapsed"], "cpu_us_per_req": cpu / n * 1e6,
+                })  # fmt: skip
+                print(f"overhead {label} stream={stream}: {rows[-1]}", file=sys.stderr, flush=True)
+    finally:
+        procs.stop_all()
+    return rows

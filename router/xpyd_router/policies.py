@@ -1,0 +1,44 @@
+"""The policy registry: names the simulator, the CLI and the CRD's router.policy field refer to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xpyd_router.model import Decision, NoWorker, Plan, Policy, RouteRequest, WorkerState
+from xpyd_router.policy_base import kv_path, record
+from xpyd_router.policy_baselines import LeastLoadedPolicy, LlmDPolicy, RoundRobinPolicy, SGLangCachePolicy
+from xpyd_router.policy_kv import KvAwareConfig, KvAwarePolicy
+from xpyd_router.prefix_index import PrefixIndex
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "kv-aware": KvAwarePolicy,
+    "round-robin": RoundRobinPolicy,
+    "least-loaded": LeastLoadedPolicy,
+    "llm-d": LlmDPolicy,
+    "sglang": SGLangCachePolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    return factory()
+
+
+__all__ = [
+    "POLICIES",
+    "Decision",
+    "KvAwareConfig",
+    "KvAwarePolicy",
+    "NoWorker",
+    "Plan",
+    "Policy",
+    "PrefixIndex",
+    "RouteRequest",
+    "WorkerState",
+    "kv_path",
+    "make_policy",
+    "record",
+]

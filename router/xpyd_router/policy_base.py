@@ -1,0 +1,69 @@
+"""What all routing policies share: the two-step plan, the KV path and recording into the index."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xpyd_router.hashing import rendezvous
+from xpyd_router.model import Decision, KvPath, NoWorker, Plan, RouteRequest, WorkerState
+from xpyd_router.prefix_index import PrefixIndex
+
+
+def kv_path(prefill: WorkerState, decode: WorkerState) -> KvPath:
+    """NVLink when both workers share a known NVLink domain, else RDMA over the NICs."""
+    return "nvlink" if prefill.domain and prefill.domain == decode.domain else "rdma"
+
+
+def find(workers: Sequence[WorkerState], name: str) -> WorkerState:
+    for worker in workers:
+        if worker.name == name:
+            return worker
+    raise KeyError(name)
+
+
+def tie_break(key: int, names: list[str]) -> str:
+    return names[0] if len(names) == 1 else rendezvous(key, names)
+
+
+class BasePolicy:
+    """Two hops (prefill, then decode) when a prefill pool exists, else one hop on the other pool."""
+
+    name = "base"
+
+    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
+        raise NotImplementedError
+
+    def choose_decode(
+        self,
+        req: RouteRequest,
+        workers: Sequence[WorkerState],
+        prefill: WorkerState | None,
+        index: PrefixIndex,
+    ) -> Decision:
+        raise NotImplementedError
+
+    def plan(
+        self,
+        req: RouteRequest,
+        prefill_workers: Sequence[WorkerState],
+        decode_workers: Sequence[WorkerState],
+        index: PrefixIndex,
+    ) -> Plan:
+        if not decode_workers:
+            raise NoWorker("decode" if prefill_workers else "worker")
+        if not prefill_workers:
+            # Co-located pool (or every prefill worker gone): one hop, chosen like a prefill.
+            return Plan(decode=self.choose_prefill(req, decode_workers, index))
+        first = self.choose_prefill(req, prefill_workers, index)
+        prefill = find(prefill_workers, first.worker)
+        second = self.choose_decode(req, decode_workers, prefill, index)
+        return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))
+
+
+def record(index: PrefixIndex, plan: Plan, req: RouteRequest) -> None:
+    """After routing: the prefill worker computed the blocks, the decode worker received them."""
+    if not req.blocks:
+        return
+    if plan.prefill is not None:
+        index.record(plan.prefill.worker, req.blocks)
+    index.record(plan.decode.worker, req.blocks)

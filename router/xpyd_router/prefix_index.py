@@ -1,0 +1,126 @@
+"""Approximate per-worker prefix caches: which worker probably still holds which prompt blocks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+DEFAULT_CAPACITY_BLOCKS = 1 << 16
+
+
+class PrefixIndex:
+    """Chained block hashes per worker, each worker an LRU bounded by its cache capacity.
+
+    A global map from block hash to a bitmask of the workers holding it makes a lookup cost
+    O(distinct match lengths x log(prompt blocks)) dictionary probes, whatever the worker count.
+    """
+
+    def __init__(self) -> None:
+        self._owners: dict[int, int] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._capacity: dict[str, int] = {}
+        self._bit: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return sum(len(lru) for lru in self._lru.values())
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self._bit)
+
+    def blocks_of(self, worker: str) -> int:
+        lru = self._lru.get(worker)
+        return len(lru) if lru is not None else 0
+
+    def set_capacity(self, worker: str, blocks: int) -> None:
+        """Adds the worker if new; shrinks its LRU when the capacity went down."""
+        if blocks <= 0:
+            raise ValueError(f"capacity of {worker!r} must be positive, got {blocks}")
+        if worker not in self._bit:
+            bit = next(i for i in range(len(self._bit) + 1) if i not in self._names)
+            self._bit[worker] = bit
+            self._names[bit] = worker
+            self._lru[worker] = OrderedDict()
+        self._capacity[worker] = blocks
+        self._evict(worker)
+
+    def remove_worker(self, worker: str) -> None:
+        bit = self._bit.pop(worker, None)
+        if bit is None:
+            return
+        del self._names[bit]
+        del self._capacity[worker]
+        clear = ~(1 << bit)
+        for block in self._lru.pop(worker):
+            mask = self._owners[block] & clear
+            if mask:
+                self._owners[block] = mask
+            else:
+                del self._owners[block]
+
+    def record(self, worker: str, blocks: Sequence[int]) -> None:
+        """Marks the blocks as cached on the worker (adding it with the default capacity if unknown)."""
+        if worker not in self._bit:
+            self.set_capacity(worker, DEFAULT_CAPACITY_BLOCKS)
+        lru = self._lru[worker]
+        flag = 1 << self._bit[worker]
+        owners = self._owners
+        # Newest-first for the leading blocks: the LRU then evicts a prompt's tail before its head,
+        # so what a worker keeps stays a prefix (as vLLM frees blocks in reverse order).
+        for block in reversed(blocks):
+            if block in lru:
+                lru.move_to_end(block)
+            else:
+                lru[block] = None
+                owners[block] = owners.get(block, 0) | flag
+        self._evict(worker)
+
+    def _evict(self, worker: str) -> None:
+        lru = self._lru[worker]
+        over = len(lru) - self._capacity[worker]
+        if over <= 0:
+            return
+        clear = ~(1 << self._bit[worker])
+        owners = self._owners
+        for _ in range(over):
+            block, _ = lru.popitem(last=False)
+            mask = owners[block] & clear
+            if mask:
+                owners[block] = mask
+            else:
+                del owners[block]
+
+    def match(self, blocks: Sequence[int], among: Iterable[str] | None = None) -> dict[str, int]:
+        """Number of leading blocks each worker holds (workers with no hit are left out)."""
+        get = self._owners.get
+        if not blocks:
+            return {}
+        candidates = get(blocks[0], 0)
+        if among is not None:
+            wanted = 0
+            for name in among:
+                bit = self._bit.get(name)
+                if bit is not None:
+                    wanted |= 1 << bit
+            candidates &= wanted
+        result: dict[str, int] = {}
+        right = len(blocks) - 1
+        while candidates and right >= 0:
+            left = 0  # every candidate holds block 0; find the deepest block any of them holds
+            while left < right:
+                mid = (left + right + 1) >> 1
+                if get(blocks[mid], 0) & candidates:
+                    left = mid
+                else:
+                    right = mid - 1
+            deepest = get(blocks[left], 0) & candidates
+            if not deepest:
+                break
+            candidates &= ~deepest
+            while deepest:
+                low = deepest & -deepest
+                result[self._names[low.bit_length() - 1]] = left + 1
+                deepest ^= low
+            right = left - 1
+        return result

@@ -1,0 +1,110 @@
+"""OpenAI request parsing and the per-hop request bodies of vLLM (NixlConnector) and SGLang (bootstrap)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+JsonObj = dict[str, Any]
+
+EMPTY_KV: JsonObj = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+class BadRequest(Exception):
+    """The client's body is not a valid request; the message says why."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_body(raw: bytes, chat: bool) -> tuple[JsonObj, str]:
+    """The request as a dict plus the prompt text used for prefix hashing."""
+    if not raw:
+        raise BadRequest("request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean", "stream")
+    return body, (_chat_text(body) if chat else _prompt_text(body))
+
+
+def _prompt_text(body: JsonObj) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt)
+        if all(isinstance(p, int) for p in prompt):
+            return " ".join(map(str, prompt))
+        if all(isinstance(p, list) for p in prompt):
+            return " ".join(" ".join(map(str, p)) for p in prompt)
+    raise BadRequest("'prompt' must be a string, a list of strings or a list of token ids", "prompt")
+
+
+def _chat_text(body: JsonObj) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest("each message must be an object with a string 'role'", "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+        # The emulator's ChatML-like template, so prefix blocks line up with its cache blocks.
+        parts.append(f"<|im_start|>{message['role']}\n{content if content is not None else ''}<|im_end|>\n")
+    return "".join(parts)
+
+
+def prefill_body(body: JsonObj) -> bytes:
+    """vLLM hop 1: one token, not streamed, asking the worker to keep the KV for a remote decode."""
+    hop = dict(body)
+    hop["max_tokens"] = 1
+    if "max_completion_tokens" in hop:
+        hop["max_completion_tokens"] = 1
+    hop["stream"] = False
+    hop.pop("stream_options", None)
+    hop["kv_transfer_params"] = dict(EMPTY_KV)
+    return orjson.dumps(hop)
+
+
+def decode_body(body: JsonObj, kv_transfer_params: Any) -> bytes:
+    """vLLM hop 2: the client's own request plus what prefill returned, passed on verbatim."""
+    hop = dict(body)
+    hop["kv_transfer_params"] = kv_transfer_params
+    return orjson.dumps(hop)
+
+
+def bootstrap_bodies(body: JsonObj, prefill_url: str, bootstrap_port: int) -> tuple[bytes, bytes]:
+    """SGLang: the same request to both workers at once, paired through the prefill's bootstrap server."""
+    host = prefill_url.split("://", 1)[1].rsplit(":", 1)[0]
+    hop = dict(body)
+    hop.update(bootstrap_host=host, bootstrap_port=bootstrap_port, bootstrap_room=random.getrandbits(63))
+    prefill = dict(hop, stream=False)
+    prefill.pop("stream_options", None)
+    return orjson.dumps(prefill), orjson.dumps(hop)
+
+
+def error_body(message: str, kind: str, code: int, param: str | None = None) -> bytes:
+    """OpenAI's error shape."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def sse_error(message: str, kind: str = "upstream_error", code: int = 502) -> bytes:
+    return b"data: " + error_body(message, kind, code) + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,70 @@
+"""Reads the few vLLM /metrics series the router routes on, without a full Prometheus parser."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # older vLLM name of the same gauge
+CACHE_CONFIG = "vllm:cache_config_info"
+# SGLang names, so one scraper serves both engines.
+SGL_WAITING = "sglang:num_queue_reqs"
+SGL_RUNNING = "sglang:num_running_reqs"
+SGL_USAGE = "sglang:token_usage"
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    block_size: int = 0  # tokens per KV block (0: not reported)
+    num_gpu_blocks: int = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.block_size * self.num_gpu_blocks
+
+
+def parse_metrics(text: str) -> WorkerMetrics:
+    """Sums each gauge over its label sets (one per model or engine) and reads the cache config."""
+    sums = {WAITING: 0.0, RUNNING: 0.0, KV_USAGE: 0.0}
+    usage_seen: list[float] = []
+    block_size = num_blocks = 0
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end < 0:
+            continue
+        name = line[:name_end]
+        if name == CACHE_CONFIG:
+            labels = dict(_LABEL.findall(line[name_end : line.rfind("}") + 1]))
+            block_size = _int(labels.get("block_size"))
+            num_blocks = _int(labels.get("num_gpu_blocks"))
+            continue
+        key = {SGL_WAITING: WAITING, SGL_RUNNING: RUNNING, KV_USAGE_OLD: KV_USAGE, SGL_USAGE: KV_USAGE}.get(name, name)
+        if key not in sums:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1] if "}" not in line else line[line.rfind("}") + 1 :].split()[0])
+        except (IndexError, ValueError):
+            continue
+        if key == KV_USAGE:
+            usage_seen.append(value)
+        else:
+            sums[key] += value
+    usage = max(usage_seen) if usage_seen else 0.0
+    return WorkerMetrics(sums[WAITING], sums[RUNNING], usage, block_size, num_blocks)
+
+
+def _int(raw: str | None) -> int:
+    try:
+        return int(float(raw)) if raw else 0
+    except ValueError:
+        return 0

@@ -1,0 +1,154 @@
+"""Real parts for the integration tests: `xpyd emulate` worker subprocesses and an in-process router."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from xpyd_router.app import build_app
+from xpyd_router.metrics import RouterMetrics
+from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
+from xpyd_router.pool import WorkerPool, WorkerSpec
+from xpyd_router.proxy import ProxyConfig
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+XPYD = str(Path(sys.executable).with_name("xpyd"))
+KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Emulator:
+    url: str
+    proc: subprocess.Popen[bytes]
+    role: str = "decode"
+    domain: str = ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@dataclass
+class Fleet:
+    members: list[Emulator] = field(default_factory=list)
+
+    def start(
+        self, role: str, domain: str = "", delay: bool = False, speedup: float = 1.0, sglang_bootstrap: int = 0
+    ) -> Emulator:
+        host = f"127.0.{random.randint(60, 250)}.{random.randint(2, 250)}"
+        port = free_port(host)
+        flags = ["--speedup", str(speedup)] if delay else ["--zero-delay"]
+        env = dict(os.environ, XPYD_NVLINK_DOMAIN=domain, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port(host)))
+        cmd = [XPYD, "emulate", *flags, "--log-level", "WARNING", "--"]
+        if sglang_bootstrap:  # an SGLang PD worker, paired through the prefill's bootstrap server
+            cmd += ["python3", "-m", "sglang.launch_server", "--model-path", MODEL, "--host", host]
+            cmd += ["--port", str(port), "--disaggregation-mode", role]
+            cmd += ["--disaggregation-bootstrap-port", str(sglang_bootstrap)]
+        else:
+            cmd += ["vllm", "serve", MODEL, "--host", host, "--port", str(port), "--kv-transfer-config", KV]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        emulator = Emulator(f"http://{host}:{port}", proc, role, domain)
+        self.members.append(emulator)
+        return emulator
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        for e in self.members:
+            while True:
+                if e.proc.poll() is not None:
+                    err = e.proc.stderr.read().decode(errors="replace") if e.proc.stderr else ""
+                    raise RuntimeError(f"emulator {e.url} exited: {err[-2000:]}")
+                try:
+                    with socket.create_connection(tuple(e.url[7:].split(":")), 0.2):  # type: ignore[arg-type]
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"emulator {e.url} did not start") from None
+                    time.sleep(0.05)
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    f = Fleet()
+    yield f
+    for e in f.members:
+        e.kill()
+
+
+@dataclass
+class Router:
+    url: str
+    pool: WorkerPool
+    metrics: RouterMetrics
+
+    def sample(self, name: str, **want: str) -> float:
+        """The value of one of the router's own series, summed over matching label sets."""
+        total = 0.0
+        for family in self.metrics.registry.collect():
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in want.items()):
+                    total += s.value
+        return total
+
+
+RouterFactory = Callable[..., "asyncio.Future[Router]"]
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[Callable[..., object]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(
+        workers: list[Emulator],
+        direct_below_blocks: int = 0,
+        max_body_bytes: int = 1 << 20,
+        scrape_interval: float = 0.2,
+        engine: str = "vllm",
+        bootstrap_port: int = 8998,
+    ) -> Router:
+        pool = WorkerPool(KvAwarePolicy(KvAwareConfig(direct_below_blocks=direct_below_blocks)), 256)
+        pool.set_workers([WorkerSpec(e.url, e.role, e.domain) for e in workers])  # type: ignore[arg-type]
+        metrics = RouterMetrics("test")
+        config = ProxyConfig(engine=engine, max_attempts=3, bootstrap_port=bootstrap_port)  # type: ignore[arg-type]
+        app = build_app(pool, metrics, config, scrape_interval, max_body_bytes=max_body_bytes)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        port = free_port("127.0.0.1")
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        return Router(f"http://127.0.0.1:{port}", pool, metrics)
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def worker_requests(session: aiohttp.ClientSession, url: str) -> float:
+    """vllm:request_success_total of one emulator."""
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
