@@ -48,6 +48,10 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = value
         else:
             out[key] = _resolve(value, defs)
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), int | float) and not isinstance(out.get(flag), bool):
+            out[bound] = out.pop(flag)  # JSON Schema 2020's number becomes OpenAPI 3.0's boolean form
+            out[flag] = True
     if out.get("type") == "object" and out.get("additionalProperties") is False:
         del out["additionalProperties"]
     if out.get("x-kubernetes-preserve-unknown-fields"):

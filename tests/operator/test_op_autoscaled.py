@@ -44,3 +44,19 @@ def test_autoscaled_sizes(
     assert sized.prefill is not None
     assert sized.decode is not None
     assert (sized.prefill.replicas, sized.decode.replicas) == (prefill, decode)
+
+
+def test_crd_schema_uses_openapi_v3_0_exclusive_bounds() -> None:
+    from xpyd_api.crdgen import openapi_schema
+
+    def walk(node: object) -> list[object]:
+        if isinstance(node, dict):
+            found = [node[k] for k in ("exclusiveMinimum", "exclusiveMaximum") if k in node]
+            return found + [x for v in node.values() for x in walk(v)]
+        if isinstance(node, list):
+            return [x for v in node for x in walk(v)]
+        return []
+
+    flags = walk(openapi_schema())
+    assert flags, "the schema has exclusive bounds (gt=0 fields)"
+    assert all(isinstance(f, bool) for f in flags)
