@@ -42,21 +42,30 @@ router_ip() { kubectl -n "$NS" get pods -l "xpyd.io/deployment=$1,xpyd.io/role=r
 ROUTER=http://$(router_ip "$DEPLOYMENT"):8000
 load_start=$(date +%s)
 
-step "Phase 1: the Mooncake conversation trace, prompts x4 (prefill pressure) at 30x speed, through $ROUTER"
-xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 30 --prompt-scale 4 \
-  --max-output-tokens 16 --max-requests 900 --duration 90 --max-in-flight 256
-kubectl -n "$NS" get dd "$DEPLOYMENT" -o custom-columns='XPYD:.status.xpyd,AUTOSCALER:.status.autoscaler'
+autoscaler() { # the autoscaler's last decision per pool, from status.autoscaler
+  kubectl -n "$NS" get dd "$DEPLOYMENT" -o json | python demo/status.py
+}
+watch_dd() { # seconds
+  local until=$(( $(date +%s) + $1 ))
+  while [ "$(date +%s)" -lt "$until" ]; do
+    printf '  %s  ' "$(date +%T)"; kubectl -n "$NS" get dd "$DEPLOYMENT" --no-headers
+    sleep 10
+  done
+}
 
-step "Phase 2: long answers (decode pressure)"
-xpyd load --url "$ROUTER" --model "$MODEL" --rate 12 --prompt-tokens 256 --output-tokens 1024 \
-  --max-output-tokens 1024 --max-requests 600 --duration 60 --max-in-flight 512
-kubectl -n "$NS" get dd "$DEPLOYMENT" -o custom-columns='XPYD:.status.xpyd,AUTOSCALER:.status.autoscaler'
+step "Phase 1: long prompts (prefill pressure): the Mooncake conversation trace at 2x speed, through $ROUTER"
+xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 2 --max-output-tokens 16 \
+  --max-requests 400 --duration 60 --max-in-flight 256
+kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
 
-step "Load stopped: the pools shrink back (slowly, through the stabilization window)"
-for _ in $(seq 1 24); do
-  kubectl -n "$NS" get dd "$DEPLOYMENT" --no-headers
-  sleep 5
-done
+step "Phase 2: long answers (decode pressure): 8 requests/s of 512-token answers"
+xpyd load --url "$ROUTER" --model "$MODEL" --rate 8 --prompt-tokens 256 --output-tokens 512 \
+  --max-output-tokens 512 --max-requests 400 --duration 45 --max-in-flight 256
+kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
+
+step "Load stopped: the pools shrink back through the stabilization window"
+watch_dd 120
+autoscaler
 
 step "Plot of replicas and queues, read back from Prometheus"
 python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"

@@ -175,7 +175,9 @@ async def serve(cfg: EmulatorConfig, stop: asyncio.Event | None = None, drain_se
             loop.add_signal_handler(sig, stop.set)
     worker = Worker(cfg)
     await worker.start()
-    runners = [web.AppRunner(build_app(worker), access_log=None)]
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the request in the
+    # engine (as vLLM aborts on disconnect); without it abandoned requests would keep the GPU busy.
+    runners = [web.AppRunner(build_app(worker), access_log=None, handler_cancellation=True)]
     addresses = [(cfg.host, cfg.port)]
     if worker.connector:
         runners.append(web.AppRunner(side_channel_app(worker.leases), access_log=None))

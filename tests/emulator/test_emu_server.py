@@ -242,3 +242,31 @@ async def test_sglang_bootstrap_pair(http: aiohttp.ClientSession) -> None:
         status, doc = await post(http, decode + "/v1/completions", lonely)
         assert status == 500
         assert "bootstrap room 999" in doc["error"]["message"]
+
+
+def _gauge(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise AssertionError(f"{name} not in /metrics")
+
+
+async def test_client_disconnect_aborts_a_queued_request(http: aiohttp.ClientSession) -> None:
+    cfg = make_config("127.0.0.41", "meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "1", speedup=1.0)
+    async with running(cfg) as base:
+        body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 3000}
+        busy = asyncio.create_task(http.post(base + "/v1/completions", json=body))
+        await asyncio.sleep(0.2)
+        with pytest.raises(TimeoutError):  # queued behind `busy`; the client gives up
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as impatient:
+                await impatient.post(base + "/v1/completions", json=body)
+        for _ in range(20):  # well before `busy` (3000 tokens at real speed) could finish
+            async with http.get(base + "/metrics") as resp:
+                text = await resp.text()
+            if _gauge(text, "vllm:num_requests_waiting") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert _gauge(text, "vllm:num_requests_waiting") == 0
+        assert _gauge(text, "vllm:num_requests_running") == 1
+        busy.cancel()
