@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 
 QUERIES = {
     "ready replicas": 'count by (xpyd_role) (up{{xpyd_deployment="{d}", xpyd_role=~"prefill|decode"}} == 1)',
-    "desired replicas": 'max by (pool) (xpyd_autoscaler_desired_replicas{{deployment="{d}"}})',
+    "desired replicas": 'max by (role) (xpyd_autoscaler_desired_replicas{{deployment="{d}"}})',
     "queued requests": 'sum by (xpyd_role) (vllm:num_requests_waiting{{xpyd_deployment="{d}"}})',
     "running requests": 'sum by (xpyd_role) (vllm:num_requests_running{{xpyd_deployment="{d}"}})',
 }
@@ -44,7 +44,7 @@ def main() -> int:
     for title, expr in QUERIES.items():
         ax = axes[0] if "replicas" in title else axes[1]
         for series in query_range(ns.prometheus, expr.format(d=ns.deployment), ns.since, end, 2.0):
-            who = series["metric"].get("xpyd_role") or series["metric"].get("pool", "?")
+            who = series["metric"].get("xpyd_role") or series["metric"].get("role", "?")
             xs = [float(t) - ns.since for t, _ in series["values"]]
             ys = [float(v) for _, v in series["values"]]
             style = "--" if title.startswith("desired") else "-"

@@ -23,9 +23,7 @@ eval "$(xpyd cluster up | tail -1)"
 xpyd cluster nodes
 
 step "helm install the operator (runs in-cluster under its own ServiceAccount)"
-helm upgrade --install xpyd charts/xpyd-operator -n "$OP_NS" --create-namespace \
-  --set-json 'operator.podAnnotations={"prometheus.io/scrape":"true","prometheus.io/port":"8080","prometheus.io/path":"/metrics"}' \
-  --wait --timeout 180s
+helm upgrade --install xpyd charts/xpyd-operator -n "$OP_NS" --create-namespace --wait --timeout 180s
 kubectl -n "$OP_NS" get deploy,pods -o wide
 
 step "kubectl apply two DisaggregatedDeployments of emulated workers"
@@ -53,8 +51,8 @@ watch_dd() { # seconds
   done
 }
 
-step "Phase 1: long prompts (prefill pressure): the Mooncake conversation trace at 2x speed, through $ROUTER"
-xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 2 --max-output-tokens 16 \
+step "Phase 1: long prompts (prefill pressure): the Mooncake conversation trace in real time, through $ROUTER"
+xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 1 --max-output-tokens 16 \
   --max-requests 400 --duration 60 --max-in-flight 256
 kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
 

@@ -1,0 +1,233 @@
+"""One simulated vLLM replica: continuous batching under a token budget, prefix cache, KV capacity."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from xpyd_sim.cache import PrefixCache
+from xpyd_sim.metrics import Histogram
+from xpyd_sim.ports import Perf
+from xpyd_sim.request import SimRequest
+
+
+class Worker:
+    """A replica that prefills in chunks and decodes in multi-step segments cut short by new work.
+
+    Decode runs as one event per segment (until the next sequence finishes), not one per token;
+    a request arriving mid-segment joins at the next step boundary, as in vLLM's scheduler.
+    """
+
+    __slots__ = (
+        "_chunks",
+        "_joined",
+        "assigned",
+        "block_tokens",
+        "born",
+        "cache",
+        "ctx",
+        "died",
+        "domain",
+        "end",
+        "gpus",
+        "index",
+        "kv_cap",
+        "kv_used",
+        "max_seqs",
+        "name",
+        "nic_in",
+        "nic_out",
+        "pending",
+        "perf",
+        "prefilling",
+        "role",
+        "routed",
+        "running",
+        "seg_dt",
+        "seg_k",
+        "seg_start",
+        "state",
+        "stats",
+        "steps",
+        "token_budget",
+        "version",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        role: str,
+        domain: str,
+        perf: Perf,
+        *,
+        gpus: int,
+        block_tokens: int = 512,
+        token_budget: int = 8192,
+        max_seqs: int = 256,
+    ) -> None:
+        self.index = index
+        self.name = f"{role}-{index}"
+        self.role = role  # "prefill", "decode" or "worker" (co-located)
+        self.domain = domain
+        self.perf = perf
+        self.gpus = gpus
+        self.block_tokens = block_tokens
+        self.token_budget = token_budget
+        self.max_seqs = max_seqs
+        self.kv_cap = perf.kv_capacity_tokens
+        self.kv_used = 0
+        self.cache = PrefixCache(self.kv_cap // block_tokens)
+        self.waiting: deque[SimRequest] = deque()  # prompts to compute here
+        self.pending: deque[SimRequest] = deque()  # handed-off requests waiting for a decode slot
+        self.running: list[tuple[int, int, SimRequest]] = []  # (finish step, rid, request)
+        self.steps = 0
+        self.prefilling = 0  # requests of `waiting` whose prefill has started (vLLM counts them running)
+        self.ctx = 0
+        self.end = -1.0  # end of the scheduled step or segment; -1 when idle
+        self.version = 0
+        self.seg_start = self.seg_dt = 0.0
+        self.seg_k = 0
+        self._chunks: list[tuple[SimRequest, int]] = []
+        self._joined: list[SimRequest] = []
+        self.state = "ready"  # "starting", "ready", "draining", "gone"
+        self.born = 0.0
+        self.died = -1.0
+        self.routed = 0
+        self.assigned = 0  # requests the router planned here whose prefill runs elsewhere still
+        self.nic_in = self.nic_out = 0.0  # when the worker's NICs are free for the next handoff
+        # prompt tokens queried, hit in the prefix cache, computed; decode tokens emitted
+        self.stats = [0, 0, 0, 0]
+
+    @property
+    def idle(self) -> bool:
+        return self.end < 0 and not self.waiting and not self.pending and not self.running
+
+    @property
+    def queued(self) -> int:
+        """vllm:num_requests_waiting: requests not yet scheduled."""
+        return len(self.waiting) - self.prefilling + len(self.pending)
+
+    @property
+    def busy(self) -> int:
+        """vllm:num_requests_running: sequences being prefilled or decoded."""
+        return len(self.running) + self.prefilling
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used / self.kv_cap if self.kv_cap else 1.0
+
+    def release(self, tokens: int) -> None:
+        """Free KV held for a prompt whose cache has been handed to a decode worker."""
+        self.kv_used -= tokens
+
+    def interrupt(self, now: float) -> float:
+        """Cut a decode segment at the next step boundary so new work joins; new end or -1."""
+        if self.end < 0 or self.seg_k <= 1:
+            return -1.0
+        done = int((now - self.seg_start) / self.seg_dt) + 1
+        if done >= self.seg_k:
+            return -1.0
+        self.seg_k = done
+        self.end = self.seg_start + done * self.seg_dt
+        self.version += 1
+        return self.end
+
+    def plan(self, now: float) -> float:
+        """Schedule the next step from the queues; returns its end time, or -1 when idle."""
+        perf = self.perf
+        running = self.running
+        while self.pending and len(running) < self.max_seqs:
+            req = self.pending[0]
+            if self.kv_used + req.prompt_tokens + req.output_tokens > self.kv_cap and running:
+                break
+            self.pending.popleft()
+            req.kv_reserved = req.prompt_tokens + req.output_tokens
+            self.kv_used += req.kv_reserved
+            heapq.heappush(running, (self.steps + req.output_tokens, req.rid, req))
+            self.ctx += req.prompt_tokens
+            self._joined.append(req)
+            self.cache.insert(req.blocks)  # the received KV stays as this worker's prefix cache
+        chunks = self._chunks
+        budget = self.token_budget - len(running)
+        priced: list[tuple[int, int]] = []
+        for req in self.waiting:
+            if budget <= 0:
+                break
+            if req.prefill_start < 0:
+                reserve = req.prompt_tokens + (req.output_tokens if req.direct else 0)
+                if self.kv_used + reserve > self.kv_cap and (running or chunks or self.kv_used):
+                    break
+                if req.direct and len(running) + len(chunks) >= self.max_seqs:
+                    break
+                req.kv_reserved = reserve
+                self.kv_used += reserve
+                self.cache.trim((self.kv_cap - self.kv_used) // self.block_tokens)
+                hit = self.cache.match(req.blocks) * self.block_tokens
+                req.cached_tokens = min(hit, req.prompt_tokens - 1)
+                req.prefill_done = req.cached_tokens
+                req.prefill_start = now
+                self.prefilling += 1
+                self.stats[0] += req.prompt_tokens
+                self.stats[1] += req.cached_tokens
+            chunk = min(req.prompt_tokens - req.prefill_done, budget)
+            priced.append((chunk, req.prefill_done))
+            chunks.append((req, chunk))
+            budget -= chunk
+        if chunks:
+            k = 1
+            dt = perf.step_seconds(priced, len(running), self.ctx)
+        elif running:
+            k = running[0][0] - self.steps
+            dt = perf.decode_step_seconds(len(running), self.ctx + len(running) * (k - 1) // 2)
+        else:
+            self.end = -1.0
+            return -1.0
+        for req in self._joined:
+            req.first_token = now + dt
+        self.seg_start, self.seg_dt, self.seg_k = now, dt, k
+        self.end = now + dt * k
+        self.version += 1
+        return self.end
+
+    def complete(self, now: float, itl: Histogram, handoffs: list[SimRequest], done: list[SimRequest]) -> None:
+        """Apply the step or segment ending now: tokens, finished sequences, finished prompts."""
+        running = self.running
+        k, batch = self.seg_k, len(running)
+        if batch:
+            self.steps += k
+            self.ctx += batch * k
+            tokens = batch * k
+            self.stats[3] += tokens
+            if tokens > len(self._joined):
+                itl.add(self.seg_dt, tokens - len(self._joined))
+            while running and running[0][0] <= self.steps:
+                req = heapq.heappop(running)[2]
+                req.finished = now
+                self.kv_used -= req.kv_reserved
+                self.ctx -= req.prompt_tokens + req.output_tokens
+                done.append(req)
+        self._joined.clear()
+        for req, chunk in self._chunks:
+            req.prefill_done += chunk
+            self.stats[2] += chunk
+            if req.prefill_done < req.prompt_tokens:
+                continue
+            self.waiting.popleft()
+            self.prefilling -= 1
+            req.prefill_end = now
+            self.cache.insert(req.blocks)
+            if not req.direct:
+                handoffs.append(req)
+                continue
+            req.first_token = now
+            if req.output_tokens == 1:
+                req.finished = now
+                self.kv_used -= req.kv_reserved
+                done.append(req)
+            else:
+                heapq.heappush(running, (self.steps + req.output_tokens - 1, req.rid, req))
+                self.ctx += req.prompt_tokens + 1
+        self._chunks.clear()
+        self.cache.trim((self.kv_cap - self.kv_used) // self.block_tokens)
+        self.end = -1.0
