@@ -68,6 +68,9 @@ autoscaler
 step "Plot of replicas and queues, read back from Prometheus"
 python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"
 
+step "Every Grafana panel's query has data for $DEPLOYMENT (the dashboards ship in the chart)"
+PROMETHEUS_URL="$PROM" python -m e2e.dashboards_check "$NS/$DEPLOYMENT" | tail -3
+
 step "Done in $(( $(date +%s) - started ))s. Everything keeps running; look around:"
 cat <<EOT
   export KUBECONFIG=$KUBECONFIG PATH=$XPYD_CACHE/bin:\$PATH

@@ -22,6 +22,11 @@ import pytest
 
 from xpyd_chart.helm import CHART, kubectl_binary
 from xpyd_chart.helm import run as helm
+from xpyd_load.runner import LoadConfig
+from xpyd_load.runner import run as run_load
+from xpyd_sim import trace
+
+from .dashboards_check import panel_failures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -44,7 +49,7 @@ spec:
     gpusPerReplica: 1
     args: [--max-num-seqs, "4"]
     autoscaling: {{minReplicas: 1, maxReplicas: 3}}
-  router: {{replicas: 1, policy: least-loaded}}
+  router: {{replicas: 1, policy: kv-aware}}
   autoscaling:
     enabled: true
     prometheusUrl: {prometheus}
@@ -201,6 +206,13 @@ async def test_pools_follow_prompt_and_answer_lengths(namespace: str) -> None:
     await drive_until(long_answers, "decode to grow", lambda: replicas(ns, "decode") >= 2, 180)
     assert long_answers.ok > 0
 
+    # Chat-like traffic through the router (shared system prompts), so every dashboard panel has data.
+    router = await wait_until("the router pod", lambda: pod_urls(ns, "router"), 60)
+    synthetic = trace.Synthetic(rate=6, duration=20, prompt_mean=1500, output_mean=32, shared_prefixes=4, seed=1)
+    config = LoadConfig(url=router[0], model="meta-llama/Llama-3.1-8B-Instruct", max_requests=150, duration_s=20)
+    through_router = await run_load(config, trace.synthetic(synthetic))
+    assert through_router.summary()["ok"] > 0, through_router.summary()
+
     # No load: both pools go back to their floor after the stabilization window.
     await wait_until(
         "both pools to shrink back to 1",
@@ -212,3 +224,7 @@ async def test_pools_follow_prompt_and_answer_lengths(namespace: str) -> None:
     assert auto["prefill"]["lastScaleTime"]
     assert auto["decode"]["lastScaleTime"]
     assert auto["decode"]["desired"] == 1
+
+    # Every dashboard panel shows this deployment's run, queried from the real Prometheus.
+    failures = await asyncio.to_thread(panel_failures, PROMETHEUS, [(ns, NAME)], 900.0)
+    assert not failures, "dashboard panels without data:\n" + "\n".join(failures)

@@ -1,0 +1,63 @@
+"""Runs every dashboard panel's PromQL against a real Prometheus: none may error or come back empty.
+
+Used by the autoscaler e2e test (after its load ran through the router and both pools scaled)
+and by `python -m e2e.dashboards_check ns/name ...` after `make demo`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import httpx
+
+from xpyd_dashboards import all_queries, substitute
+
+STEP_SECONDS = 15
+
+
+def run_range(client: httpx.Client, expr: str, window: float) -> list[dict[str, object]]:
+    """The query over the window; raises AssertionError naming Prometheus's error."""
+    end = time.time()
+    params = {"query": expr, "start": f"{end - window:.3f}", "end": f"{end:.3f}", "step": f"{STEP_SECONDS}s"}
+    response = client.get("/api/v1/query_range", params=params)
+    body = response.json()
+    assert response.status_code == 200, f"HTTP {response.status_code}: {body.get('error')} in {expr}"
+    assert body["status"] == "success", f"{body.get('errorType')}: {body.get('error')} in {expr}"
+    result: list[dict[str, object]] = body["data"]["result"]
+    return result
+
+
+def panel_failures(prometheus: str, deployments: list[tuple[str, str]], window: float = 900.0) -> list[str]:
+    """One line per panel query that errors or returns nothing for a deployment, over the last `window` s."""
+    failures: list[str] = []
+    with httpx.Client(base_url=prometheus.rstrip("/"), timeout=30) as client:
+        for query in all_queries():
+            for namespace, name in deployments:
+                expr = substitute(query.expr, namespace=namespace, deployment=name, rate_interval="1m")
+                try:
+                    if not run_range(client, expr, window):
+                        failures.append(f"{query.title} / {query.legend}: no data for {namespace}/{name}: {expr}")
+                except AssertionError as exc:
+                    failures.append(f"{query.title} / {query.legend}: {exc}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    prometheus = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
+    deployments = [(a.split("/", 1)[0], a.split("/", 1)[1]) for a in args if "/" in a]
+    if not deployments:
+        print("usage: python -m e2e.dashboards_check NAMESPACE/NAME ... (PROMETHEUS_URL, default local)")
+        return 2
+    failures = panel_failures(prometheus, deployments)
+    for line in failures:
+        print("EMPTY", line)
+    total = len(all_queries()) * len(deployments)
+    print(f"dashboard check: {total - len(failures)}/{total} panel queries have data")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
