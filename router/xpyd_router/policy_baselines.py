@@ -9,67 +9,57 @@ from xpyd_router.policy_base import BasePolicy, tie_break
 from xpyd_router.prefix_index import PrefixIndex
 
 
-def _need(workers: Sequence[WorkerState], role: str) -> None:
-    if not workers:
-        raise NoWorker(role)
+class SameRulePolicy(BasePolicy):
+    """A baseline that picks prefill and decode workers by one rule, blind to the NVLink domain."""
+
+    def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
+        raise NotImplementedError
+
+    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
+        if not workers:
+            raise NoWorker("prefill")
+        return self.choose("prefill", req, workers, index)
+
+    def choose_decode(
+        self,
+        req: RouteRequest,
+        workers: Sequence[WorkerState],
+        prefill: WorkerState | None,
+        index: PrefixIndex,
+    ) -> Decision:
+        if not workers:
+            raise NoWorker("decode")
+        return self.choose("decode", req, workers, index)
 
 
-class RoundRobinPolicy(BasePolicy):
+class RoundRobinPolicy(SameRulePolicy):
     name = "round-robin"
 
     def __init__(self) -> None:
         self._next: dict[str, int] = {}
 
-    def _turn(self, pool: str, workers: Sequence[WorkerState]) -> str:
+    def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         names = sorted(w.name for w in workers)
         turn = self._next.get(pool, 0)
         self._next[pool] = turn + 1
-        return names[turn % len(names)]
-
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        _need(workers, "prefill")
-        return Decision(self._turn("prefill", workers), "round-robin")
-
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        _need(workers, "decode")
-        return Decision(self._turn("decode", workers), "round-robin")
+        return Decision(names[turn % len(names)], "round-robin")
 
 
-class LeastLoadedPolicy(BasePolicy):
+class LeastLoadedPolicy(SameRulePolicy):
     name = "least-loaded"
 
-    def _least(self, req: RouteRequest, workers: Sequence[WorkerState]) -> Decision:
+    def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         best = min(w.load for w in workers)
         return Decision(tie_break(req.key, [w.name for w in workers if w.load == best]), "least-loaded")
 
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        _need(workers, "prefill")
-        return self._least(req, workers)
 
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        _need(workers, "decode")
-        return self._least(req, workers)
-
-
-class LlmDPolicy(BasePolicy):
+class LlmDPolicy(SameRulePolicy):
     """llm-d's weighted scorers: prefix overlap 3, waiting queue 2, free KV cache 2."""
 
     name = "llm-d"
     weights = (3.0, 2.0, 2.0)
 
-    def _score(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
+    def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         matches = index.match(req.blocks)
         total = len(req.blocks)
         queues = [w.waiting for w in workers]
@@ -85,22 +75,8 @@ class LlmDPolicy(BasePolicy):
         chosen = tie_break(req.key, [n for s, n, _ in scored if s >= best - 1e-9])
         return Decision(chosen, "llm-d-score", next(h for _, n, h in scored if n == chosen))
 
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        _need(workers, "prefill")
-        return self._score(req, workers, index)
 
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        _need(workers, "decode")
-        return self._score(req, workers, index)
-
-
-class SGLangCachePolicy(BasePolicy):
+class SGLangCachePolicy(SameRulePolicy):
     """SGLang router's cache-aware policy: balance when loads diverge, else longest match above 30%."""
 
     name = "sglang"
@@ -110,7 +86,7 @@ class SGLangCachePolicy(BasePolicy):
         self.balance_rel = balance_rel
         self.cache_threshold = cache_threshold
 
-    def _choose(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
+    def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         loads = [w.load for w in workers]
         low, high = min(loads), max(loads)
         if high - low > self.balance_abs and high > self.balance_rel * low:
@@ -123,17 +99,3 @@ class SGLangCachePolicy(BasePolicy):
                 return Decision(name, "sglang-cache", hit)
         smallest = min(workers, key=lambda w: (index.blocks_of(w.name), w.name))
         return Decision(smallest.name, "sglang-smallest-tree", matches.get(smallest.name, 0))
-
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        _need(workers, "prefill")
-        return self._choose(req, workers, index)
-
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        _need(workers, "decode")
-        return self._choose(req, workers, index)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark, one after the other; results land in bench/results/.
+# The operator benchmark needs a cluster: it uses KUBECONFIG, else brings the local one up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+.venv/bin/pip install -q -e '.[bench]'   # sglang-router and vllm-router, the router baselines
+$PY bench/emulator/run.py
+$PY bench/router/run.py
+$PY bench/sim/run.py
+$PY bench/autoscaler/azure.py --scale 8
+if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
+$PY bench/operator/bench_operator.py
