@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from xpyd_chart.helm import kubectl_binary
+
 T = TypeVar("T")
-CACHE_BIN = Path(os.environ.get("XPYD_CACHE", Path.home() / ".cache" / "xpyd")) / "bin"
 
 
 def kubectl_path() -> str:
-    found = shutil.which("kubectl")
-    if found:
-        return found
-    if (CACHE_BIN / "kubectl").exists():
-        return str(CACHE_BIN / "kubectl")
-    raise RuntimeError("kubectl not found on PATH nor in the local cluster's cache")
+    found = kubectl_binary()
+    if found is None:
+        raise RuntimeError("kubectl not found: set KUBECTL, put it on PATH or run `make tools`")
+    return found
 
 
 def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([kubectl_path(), *args], input=stdin, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [kubectl_path(), *args], input=stdin, capture_output=True, text=True, check=False, timeout=120
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
@@ -40,6 +38,15 @@ def apply(manifests: list[dict[str, Any]], namespace: str | None = None) -> None
 
 def get_json(*args: str) -> Any:
     return json.loads(kubectl("get", *args, "-o", "json").stdout)
+
+
+def find_json(*args: str) -> dict[str, Any] | None:
+    """`kubectl get ... -o json`, or None when it fails (for example: not found)."""
+    result = kubectl("get", *args, "-o", "json", check=False)
+    if result.returncode != 0:
+        return None
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
 
 
 def wait_until(what: str, check: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.5) -> T:

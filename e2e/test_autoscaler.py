@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,13 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
-from xpyd_chart.helm import CHART, kubectl_binary
+from xpyd_chart.helm import CHART
 from xpyd_chart.helm import run as helm
 from xpyd_load.runner import LoadConfig
 from xpyd_load.runner import run as run_load
 from xpyd_sim import trace
 
 from .dashboards_check import panel_failures
+from .kube import find_json as get_json
+from .kube import kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -61,20 +62,6 @@ WINDOW_S = 30  # stabilizationSeconds, when the CRD has the field (else the poli
 def window_field_known() -> bool:
     crd = get_json("crd", "disaggregateddeployments.xpyd.io") or {}
     return "stabilizationSeconds" in json.dumps(crd.get("spec", {}))
-
-
-def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    binary = kubectl_binary()
-    assert binary is not None, "kubectl not found (set KUBECTL)"
-    out = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, check=False, timeout=120)
-    if check:
-        assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
-    return out
-
-
-def get_json(*args: str) -> dict[str, Any] | None:
-    out = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,8 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from xpyd_chart.helm import CHART, KUBE_VERSION, kubectl_binary
+from xpyd_chart.helm import CHART, KUBE_VERSION
 from xpyd_chart.helm import run as helm
+
+from .kube import find_json as get_json
+from .kube import kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,20 +36,6 @@ spec:
   decode: {{replicas: 1, gpusPerReplica: 1}}
   router: {{replicas: 1}}
 """
-
-
-def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    binary = kubectl_binary()
-    assert binary is not None, "kubectl not found (set KUBECTL)"
-    result = subprocess.run([binary, *args], input=stdin, capture_output=True, text=True, check=False, timeout=120)
-    if check:
-        assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result
-
-
-def get_json(*args: str) -> dict[str, Any] | None:
-    result = kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(result.stdout) if result.returncode == 0 else None
 
 
 def wait_for(what: str, probe: Any, timeout: float = 180.0) -> Any:
