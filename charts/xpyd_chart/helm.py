@@ -17,22 +17,25 @@ KUBE_VERSION = "1.31.0"
 PROMETHEUS_OPERATOR_API = "monitoring.coreos.com/v1"
 
 
-def helm_binary() -> str | None:
-    """$HELM, else the one the local cluster build caches, else helm on PATH."""
-    cached = str(Path.home() / ".cache/xpyd/bin/helm")
-    for candidate in (os.environ.get("HELM"), cached, shutil.which("helm")):
+def cached_binary(name: str) -> Path:
+    """Where `make tools` builds a binary: $XPYD_CACHE/bin (default ~/.cache/xpyd/bin)."""
+    return Path(os.environ.get("XPYD_CACHE", Path.home() / ".cache" / "xpyd")) / "bin" / name
+
+
+def find_binary(name: str) -> str | None:
+    """$<NAME> (e.g. $HELM, $KUBECTL), else the local cluster's cached build, else one on PATH."""
+    for candidate in (os.environ.get(name.upper()), str(cached_binary(name)), shutil.which(name)):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def helm_binary() -> str | None:
+    return find_binary("helm")
 
 
 def kubectl_binary() -> str | None:
-    """$KUBECTL, else the local cluster's cached kubectl, else kubectl on PATH."""
-    cached = str(Path.home() / ".cache/xpyd/bin/kubectl")
-    for candidate in (os.environ.get("KUBECTL"), cached, shutil.which("kubectl")):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_binary("kubectl")
 
 
 def run(*args: str, cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess[str]:

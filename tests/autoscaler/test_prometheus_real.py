@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -16,12 +14,11 @@ import pytest
 import yaml
 from aiohttp import web
 
+from xpyd_chart.helm import find_binary
 from xpyd_operator.autoscaling_prometheus import PoolMetrics, PrometheusClient, PrometheusError
 
 pytestmark = pytest.mark.slow
-# The local cluster's Prometheus (built by `make tools`), else one on PATH.
-_BUILT = Path(os.environ.get("XPYD_CACHE", Path.home() / ".cache" / "xpyd")) / "bin" / "prometheus"
-PROMETHEUS = str(_BUILT) if _BUILT.exists() else shutil.which("prometheus")
+PROMETHEUS = find_binary("prometheus")  # the local cluster's build (`make tools`), else one on PATH
 
 
 @dataclass
