@@ -42,6 +42,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=3, help="tries per request over distinct workers")
     p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger bodies get 413")
     p.add_argument("--bootstrap-port", type=int, default=8998, help="SGLang prefill bootstrap port")
+    p.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a worker may stay silent (before its headers or between chunks) before the hop fails",
+    )
     p.add_argument("--log-level", default="WARNING")
     return p
 
@@ -86,7 +92,12 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
         background.append(discover)
     metrics = RouterMetrics(args.deployment or "standalone")
-    config = ProxyConfig(engine=args.engine, max_attempts=args.max_attempts, bootstrap_port=args.bootstrap_port)
+    config = ProxyConfig(
+        engine=args.engine,
+        max_attempts=args.max_attempts,
+        bootstrap_port=args.bootstrap_port,
+        upstream_timeout=args.upstream_timeout,
+    )
     app = build_app(pool, metrics, config, args.scrape_interval, background, args.max_body_bytes)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=30)
     await runner.setup()

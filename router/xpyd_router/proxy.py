@@ -43,6 +43,7 @@ class ProxyConfig:
     engine: Literal["vllm", "sglang"] = "vllm"
     max_attempts: int = 3  # tries per request over distinct workers
     bootstrap_port: int = 8998  # SGLang prefill bootstrap server port
+    upstream_timeout: float = 600.0  # longest silence from a worker before the hop fails
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
@@ -55,7 +56,7 @@ class Proxy:
         self.metrics = metrics
         self.config = config
         self.session: aiohttp.ClientSession | None = None  # for /metrics scrapes and /v1/models
-        self.upstream = Upstream()
+        self.upstream = Upstream(read_timeout=config.upstream_timeout)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "/v1/completions", chat=False)

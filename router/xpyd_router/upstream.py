@@ -56,7 +56,10 @@ class UpstreamResponse:
             if self.complete:
                 return
             self._waiter = self._conn.loop.create_future()
-            await self._waiter
+            try:
+                await asyncio.wait_for(self._waiter, self._conn.pool.read_timeout)
+            except TimeoutError:
+                raise UpstreamError(f"no data from the worker for {self._conn.pool.read_timeout:g}s", True) from None
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
@@ -152,9 +155,10 @@ class _Connection(asyncio.Protocol):
 class Upstream:
     """Keep-alive connections per worker address; one request at a time per connection."""
 
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(self, connect_timeout: float = 5.0, read_timeout: float | None = 600.0) -> None:
         self.idle: dict[tuple[str, int], list[_Connection]] = {}
         self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout  # longest silence from a worker (headers or between chunks)
         self._keys: dict[str, tuple[str, int]] = {}
 
     def _key(self, base: str) -> tuple[str, int]:
@@ -190,7 +194,7 @@ class Upstream:
                 continue
             resp = conn.send(head, body)
             try:
-                await resp.headers_done
+                await self._headers(resp, key)
                 return resp
             except UpstreamError as exc:
                 if exc.started:
@@ -202,11 +206,18 @@ class Upstream:
         conn = await self._connect(key)
         resp = conn.send(head, body)
         try:
-            await resp.headers_done
+            await self._headers(resp, key)
         except BaseException:
             resp.close()
             raise
         return resp
+
+    async def _headers(self, resp: UpstreamResponse, key: tuple[str, int]) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(resp.headers_done), self.read_timeout)
+        except TimeoutError:
+            resp.close()  # unfinished: closes the connection, which cancels the request on the worker
+            raise UpstreamError(f"no answer from {key[0]}:{key[1]} within {self.read_timeout:g}s", True) from None
 
     def close(self) -> None:
         for conns in self.idle.values():

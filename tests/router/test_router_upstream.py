@@ -97,3 +97,37 @@ async def test_broken_stream_and_refused_connection_raise(server: tuple[str, lis
     with pytest.raises(UpstreamError, match="cannot connect"):
         await client.post(f"http://127.0.0.1:{free_port('127.0.0.1')}", "/echo", b"{}")
     client.close()
+
+
+@pytest.mark.parametrize("answer_headers", [False, True])
+async def test_a_silent_worker_fails_the_hop_after_the_read_timeout(answer_headers: bool) -> None:
+    """A worker that accepts and then says nothing (before or after its headers) cannot hold a request forever."""
+    done = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if answer_headers:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+        await done.wait()
+        writer.close()
+        await writer.wait_closed()
+
+    async def call(client: Upstream, url: str) -> bytes:
+        resp = await client.post(url, "/v1/completions", b"{}")
+        try:
+            return await resp.read()
+        finally:
+            resp.close()
+
+    port = free_port("127.0.0.1")
+    server = await asyncio.start_server(silent, "127.0.0.1", port)
+    client = Upstream(read_timeout=0.3)
+    try:
+        with pytest.raises(UpstreamError, match=r"0\.3s"):
+            await call(client, f"http://127.0.0.1:{port}")
+    finally:
+        done.set()
+        client.close()
+        server.close()
+        await server.wait_closed()
