@@ -6,11 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from fakekube import CLIQUE_A, OWNER, spec  # type: ignore[import-not-found]
 
 from xpyd_api import labels as L
 from xpyd_operator import engine, pools, routerkit
 from xpyd_operator.desired import build_children
-from xpyd_operator.fakekube import CLIQUE_A, OWNER, spec
 from xpyd_operator.meta import manifest_hash, stamp
 from xpyd_operator.placement import Demand, place
 

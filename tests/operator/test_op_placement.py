@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fakekube import CLIQUE_A, CLIQUE_B, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
 
 from xpyd_api import labels as L
-from xpyd_operator.fakekube import CLIQUE_A, CLIQUE_B, b200_nodes, nvl72_nodes
 from xpyd_operator.placement import (
     Demand,
     PodInfo,

@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
 
 from xpyd_api import conditions as C
-from xpyd_operator.fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes
 from xpyd_operator.handlers import wants_reconcile
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue, backoff

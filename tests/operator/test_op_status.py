@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fakekube import OWNER, b200_nodes, nvl72_nodes, spec  # type: ignore[import-not-found]
 
 from xpyd_api import conditions as C
 from xpyd_api.models import DisaggregatedDeploymentStatus
 from xpyd_operator import statuscalc
 from xpyd_operator.desired import Desired, Observed, desire
-from xpyd_operator.fakekube import OWNER, b200_nodes, nvl72_nodes, spec
 from xpyd_operator.reconcile import transitions
 
 IMG = "img:1"
