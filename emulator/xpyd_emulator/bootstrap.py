@@ -68,11 +68,6 @@ class RoomTable:
             del self._rooms[key]
         return len(gone)
 
-    async def expire_forever(self, period: float = 1.0) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(period)
-            self.expire(loop.time())
 
 
 def bootstrap_app(rooms: RoomTable) -> web.Application:

@@ -8,7 +8,6 @@ or expired blocks fail the decode like a failed NIXL transfer.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +72,6 @@ class LeaseTable:
         self.expired += len(gone)
         return len(gone)
 
-    async def expire_forever(self, period: float = 1.0) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(period)
-            self.expire(loop.time())
 
 
 def side_channel_app(leases: LeaseTable) -> web.Application:

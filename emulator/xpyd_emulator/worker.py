@@ -71,10 +71,17 @@ class Worker:
     async def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self.engine.run()),
-            asyncio.create_task(self.leases.expire_forever()),
-            asyncio.create_task(self.rooms.expire_forever()),
+            asyncio.create_task(self._expire_forever()),
         ]
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def _expire_forever(self, period: float = 1.0) -> None:
+        """Frees expired KV leases (NIXL) and bootstrap rooms (SGLang) once per period."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            self.leases.expire(loop.time())
+            self.rooms.expire(loop.time())
 
     async def stop(self) -> None:
         for task in self._tasks:
