@@ -69,7 +69,6 @@ class RoomTable:
         return len(gone)
 
 
-
 def bootstrap_app(rooms: RoomTable) -> web.Application:
     """The prefill's bootstrap server (SGLang's --disaggregation-bootstrap-port)."""
 

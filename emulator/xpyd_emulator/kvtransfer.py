@@ -73,7 +73,6 @@ class LeaseTable:
         return len(gone)
 
 
-
 def side_channel_app(leases: LeaseTable) -> web.Application:
     """The side-channel HTTP app a decode pulls blocks from."""
 
