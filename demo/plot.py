@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from promql import READY, query_range  # type: ignore[import-not-found]
 
 QUERIES = {
-    "ready replicas": 'count by (xpyd_role) (up{{xpyd_deployment="{d}", xpyd_role=~"prefill|decode"}} == 1)',
+    "ready replicas": READY,
     "desired replicas": 'max by (role) (xpyd_autoscaler_desired_replicas{{deployment="{d}"}})',
     "queued requests": 'sum by (xpyd_role) (vllm:num_requests_waiting{{xpyd_deployment="{d}"}})',
     "running requests": 'sum by (xpyd_role) (vllm:num_requests_running{{xpyd_deployment="{d}"}})',
 }
-
-
-def query_range(prom: str, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-    with urllib.request.urlopen(f"{prom}/api/v1/query_range?{params}", timeout=10) as resp:
-        body = json.load(resp)
-    if body.get("status") != "success":
-        raise RuntimeError(f"query failed: {expr}: {body}")
-    return list(body["data"]["result"])
 
 
 def main() -> int:

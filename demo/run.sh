@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# `make demo`: the whole xPyD story on the local cluster (or any cluster named by DEMO_KUBECONFIG).
+# `make demo`: the whole xPyD story on the local cluster that `xpyd cluster up` starts.
 #   1. cluster up   2. helm install the operator   3. apply an HGX-B200 and a GB200-NVL72 deployment
 #   4. show xPyD and placement   5. replay a real trace through the router with a progress bar
-#   6. watch the autoscaler resize the pools   7. plot replicas and queues from Prometheus
+#   6. watch the autoscaler resize the pools (and fail unless both grew and shrank back)
+#   7. plot replicas and queues from Prometheus   8. check every dashboard query has data
 # It leaves everything running and prints how to look around; `make demo-down` cleans up.
+# Knobs (environment): DEMO_TRACE (trace to replay, default the repo's Mooncake trace),
+# DEMO_PLOT (where the plot goes), DEMO_SHRINK_TIMEOUT (seconds to wait for the shrink, 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export XPYD_CACHE=${XPYD_CACHE:-$HOME/.cache/xpyd}
@@ -14,7 +17,7 @@ DEPLOYMENT=llama-hgx
 MODEL=meta-llama/Llama-3.1-70B-Instruct
 PROM=${PROMETHEUS_URL:-http://127.0.0.1:9090}
 PLOT=${DEMO_PLOT:-docs/images/demo-autoscaling.png}
-TRACE=${DEMO_TRACE:-../shared/traces/conversation_trace.jsonl}
+TRACE=${DEMO_TRACE:-data/traces/conversation_trace.jsonl}
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 started=$(date +%s)
 
@@ -43,12 +46,15 @@ load_start=$(date +%s)
 autoscaler() { # the autoscaler's last decision per pool, from status.autoscaler
   kubectl -n "$NS" get dd "$DEPLOYMENT" -o json | python demo/status.py
 }
-watch_dd() { # seconds
+pool_size() { kubectl -n "$NS" get dd "$DEPLOYMENT" -o "jsonpath={.status.$1.readyReplicas}"; }
+wait_shrunk() { # seconds: until both pools are back to one ready replica, printing the deployment every 10 s
   local until=$(( $(date +%s) + $1 ))
   while [ "$(date +%s)" -lt "$until" ]; do
     printf '  %s  ' "$(date +%T)"; kubectl -n "$NS" get dd "$DEPLOYMENT" --no-headers
+    if [ "$(pool_size prefill)" = 1 ] && [ "$(pool_size decode)" = 1 ]; then return 0; fi
     sleep 10
   done
+  echo "the pools did not shrink back to 1P1D within $1 s" >&2; return 1
 }
 
 step "Phase 1: long prompts (prefill pressure): the Mooncake conversation trace in real time, through $ROUTER"
@@ -62,8 +68,12 @@ xpyd load --url "$ROUTER" --model "$MODEL" --rate 8 --prompt-tokens 256 --output
 kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
 
 step "Load stopped: the pools shrink back through the stabilization window"
-watch_dd 120
+wait_shrunk "${DEMO_SHRINK_TIMEOUT:-300}"
 autoscaler
+sleep 5  # one more scrape of the shrunk pools
+
+step "Check from Prometheus: each pool grew under its load and is back to one replica"
+python demo/verify.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start"
 
 step "Plot of replicas and queues, read back from Prometheus"
 python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"

@@ -19,13 +19,17 @@ from xpyd_sim.metrics import Slo
 from xpyd_sim.runner import markdown_table, parse_trace, run_one, variants
 from xpyd_sim.spec import load
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is not installed: import it from the root
+from bench.baselines import register
+
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = ROOT / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 SPEC = ROOT / "bench" / "sim" / "llama70b-hgx.yaml"
 OUT = ROOT / "bench" / "results" / "autoscaler-azure.md"
 
 
 def main(argv: list[str]) -> int:
+    register()  # the KEDA-style rule beside xpyd's policy
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=int, default=4, help="overlay this many copies of the trace")
     p.add_argument("--slo-ttft", type=float, default=2.0)
@@ -40,12 +44,12 @@ def main(argv: list[str]) -> int:
     slo = Slo(args.slo_ttft, args.slo_itl, 0.9)
     rows = []
     for name in ("xpyd", "keda"):
-        cfg = SimConfig(router=spec.router_policy, autoscaler=name, slo=slo)
+        cfg = SimConfig(router=spec.deployment.router.policy, autoscaler=name, slo=slo)
         rows.append(run_one(variants(spec, cfg, None)[0], load_))
         rows[-1]["label"] = f"autoscaler={name}"
     peak = {role: max(int(r["replicas_max"][role]) for r in rows) for role in spec.pools}
     static = spec.with_pools(**peak)
-    cfg = SimConfig(router=spec.router_policy, autoscaler="off", slo=slo)
+    cfg = SimConfig(router=spec.deployment.router.policy, autoscaler="off", slo=slo)
     rows.insert(0, run_one(variants(static, cfg, None)[0], load_))
     rows[0]["label"] = "static peak"
     table = markdown_table(rows)

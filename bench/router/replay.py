@@ -14,9 +14,7 @@ from procs import BIN, Procs, free_port, router_command, wait_http  # type: igno
 
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 EMULATOR_ARGS = ("--tensor-parallel-size", "4")  # 4 B200s per worker: 2 workers per 8-GPU node
-TRACE = Path(
-    os.environ.get("XPYD_TRACE", Path(__file__).resolve().parents[3] / "shared/traces/conversation_trace.jsonl")
-)
+TRACE = Path(os.environ.get("XPYD_TRACE", Path(__file__).resolve().parents[2] / "data/traces/conversation_trace.jsonl"))
 BLOCK_TOKENS, CHARS_PER_TOKEN, BUCKET_S = 512, 4, 3.0
 MAX_OUTPUT = 32  # decode length is capped to keep the replay short; TTFT does not depend on it
 _WORDS = [
@@ -48,8 +46,8 @@ _WORDS = [
 POLICIES: list[tuple[str, str, list[str]]] = [
     ("xpyd kv-aware", "xpyd", ["--policy", "kv-aware", "--direct-below-chars", "0"]),
     ("xpyd round-robin", "xpyd", ["--policy", "round-robin"]),
-    ("xpyd sglang (cache-aware rules)", "xpyd", ["--policy", "sglang"]),
-    ("xpyd llm-d (weighted scores)", "xpyd", ["--policy", "llm-d"]),
+    ("xpyd sglang (cache-aware rules)", "xpyd-peers", ["--policy", "sglang"]),
+    ("xpyd llm-d (weighted scores)", "xpyd-peers", ["--policy", "llm-d"]),
     ("vllm-router cache_aware", "vllm", ["--policy", "cache_aware"]),
 ]
 
@@ -135,7 +133,7 @@ def run_policy(
         for e in prefill + decode:
             wait_http(e.url, proc=e)
         port = free_port("127.0.0.1")
-        with_domains = kind == "xpyd"
+        with_domains = kind.startswith("xpyd")
         p_urls = [f"{e.url}@{nodes[i]}" if with_domains else e.url for i, e in enumerate(prefill)]
         d_urls = [f"{e.url}@node-{i}" if with_domains else e.url for i, e in enumerate(decode)]
         router = procs.spawn("rp-router", f"http://127.0.0.1:{port}", router_command(kind, port, p_urls, d_urls, extra))
@@ -144,7 +142,7 @@ def run_policy(
         out = subprocess.run([str(BIN / "python"), str(Path(__file__).with_name("loadgen.py"))],
                              input=json.dumps(spec).encode(), capture_output=True, check=True)  # fmt: skip
         result = json.loads(out.stdout)
-        router_stats = scrape(router.url) if kind == "xpyd" else {}
+        router_stats = scrape(router.url) if kind.startswith("xpyd") else {}
         stats_p = [scrape(e.url) for e in prefill]
         stats_d = [scrape(e.url) for e in decode]
     finally:

@@ -24,9 +24,12 @@ from xpyd_sim.engine import SimConfig
 from xpyd_sim.plots import autoscaler_plot, compare_plot
 from xpyd_sim.runner import Variant, colocated, markdown_table, run_one, variants
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is not installed: import it from the root
+from bench.baselines import register
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-TRACES = Path("/work/shared/traces") if Path("/work/shared/traces").is_dir() else ROOT.parent / "shared" / "traces"
+TRACES = ROOT / "data" / "traces"
 
 # (name, trace file, spec, overlay copies, static pools for the router and mode tables, what the run shows)
 SETUPS = [
@@ -219,6 +222,7 @@ def summary(name: str, res: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
+    register()  # the peers' rules (llm-d, SGLang routing; KEDA scaling) beside the product's
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--skip-scale", action="store_true", help="leave out the 1,000-GPU scale run")

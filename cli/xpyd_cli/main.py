@@ -6,6 +6,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from xpyd_cli import errors
+
 # command -> (module with `main(argv: list[str]) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("xpyd_operator.cli", "run the Kopf operator (in-cluster or from a kubeconfig)"),
@@ -32,10 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
-        print(f"xpyd: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        print(
+            f"xpyd: unknown command {command!r}; commands: {', '.join(COMMANDS)} (see 'xpyd --help')", file=sys.stderr
+        )
         return 2
-    module = importlib.import_module(COMMANDS[command][0])
-    result: int = module.main(rest)
+    errors.one_line_argparse_errors()
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+        result: int = module.main(rest)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if errors.debug():
+            raise
+        print(f"xpyd {command}: {errors.describe(exc)}", file=sys.stderr)
+        return errors.EXIT_USAGE
     return result
 
 

@@ -17,6 +17,10 @@ from . import control_plane, daemons, nodes, pki, prometheus
 from .paths import REPO, Layout, default_layout
 
 
+class ClusterError(RuntimeError):
+    """The local cluster cannot do what was asked; the message says what to do."""
+
+
 def kubectl(layout: Layout, *args: str, stdin: str | None = None) -> str:
     result = subprocess.run(
         [str(layout.bin / "kubectl"), f"--kubeconfig={layout.kubeconfig}", *args],
@@ -47,7 +51,9 @@ def _nodes_ready(layout: Layout, expected: int) -> bool:
 def up(layout: Layout, with_prometheus: bool = True) -> None:
     started = time.monotonic()
     _step(f"building cluster binaries (cached in {layout.bin})")
-    subprocess.run(["bash", str(REPO / "cluster" / "build-tools.sh")], check=True, stdout=subprocess.DEVNULL)
+    built = subprocess.run(["bash", str(REPO / "cluster" / "build-tools.sh")], check=False, stdout=subprocess.DEVNULL)
+    if built.returncode != 0:
+        raise ClusterError("building the cluster's binaries failed (the lines above name the module and the fix)")
     for d in (layout.state, layout.logs, layout.run, layout.pods):
         d.mkdir(parents=True, exist_ok=True)
     pki.ensure(layout)
@@ -122,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="print the export line for KUBECONFIG")
     ns = parser.parse_args(argv)
     layout = default_layout()
+    if ns.action == "nodes" and not (layout.bin / "kubectl").exists():
+        print("xpyd cluster: the cluster's binaries are not built yet; run 'make cluster-up'", file=sys.stderr)
+        return 2
+    if ns.action in ("nodes", "env") and not layout.kubeconfig.exists():
+        print("xpyd cluster: the local cluster is not running; start it with 'make cluster-up'", file=sys.stderr)
+        return 2
     if ns.action == "up":
         up(layout, with_prometheus=not ns.no_prometheus)
     elif ns.action == "down":

@@ -106,7 +106,5 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, log: Path | N
         if check():
             return
         time.sleep(0.2)
-    tail = ""
-    if log is not None and log.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-    raise TimeoutError(f"{what} not ready after {timeout:.0f}s\n{tail}")
+    where = f"; its log: {log}" if log is not None else ""
+    raise TimeoutError(f"{what} not ready after {timeout:.0f}s{where} (make cluster-down, then make cluster-up)")

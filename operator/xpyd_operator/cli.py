@@ -9,7 +9,7 @@ import os
 
 import kopf
 
-from xpyd_operator import opmetrics
+from xpyd_operator import opmetrics, preflight
 from xpyd_operator.handlers import Options, register
 from xpyd_operator.reconcile import Config
 
@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
         help="router image (env XPYD_ROUTER_IMAGE; default: --image)",
     )
     p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[s for s in os.environ.get("XPYD_IMAGE_PULL_SECRETS", "").split(",") if s],
+        metavar="NAME",
+        help="pull secret for every pod it makes (repeatable; env XPYD_IMAGE_PULL_SECRETS, comma-separated)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=int(os.environ.get("XPYD_METRICS_PORT") or 0),
@@ -52,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-address",
         default=os.environ.get("XPYD_BIND_HOST", "0.0.0.0"),
         help="address for --metrics-port (env XPYD_BIND_HOST; default all interfaces)",
+    )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the API server to accept connections before giving up (exit 2)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -66,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resync_seconds <= 0:
         print("xpyd operator: --resync-seconds must be > 0", flush=True)
         return 2
+    try:
+        preflight.wait_reachable(preflight.api_server(), args.startup_timeout)
+    except preflight.PreflightError as exc:
+        print(f"xpyd operator: {exc}", flush=True)
+        return 2
     kopf.configure(verbose=args.verbose, quiet=args.quiet)
     for name in ("httpx", "httpx2", "httpcore") + (() if args.verbose else ("kopf.objects",)):
         logging.getLogger(name).setLevel(logging.WARNING)  # one line per watch event is noise
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=list(args.namespace),
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
-        config=Config(own_image=args.image, router_image=args.router_image),
+        config=Config(args.image, args.router_image, tuple(args.image_pull_secret)),
     )
     if args.metrics_port:
         opmetrics.serve(args.metrics_port, args.metrics_address)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from xpyd_sim import trace
 
-from .runner import LoadConfig, Outcome, run
+from .runner import LoadConfig, Outcome, Unreachable, check_url, preflight, run
 
 
 def _requests(ns: argparse.Namespace) -> Iterator[trace.TraceRequest]:
@@ -50,14 +52,35 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-scale", type=float, default=1.0, help="multiply every prompt length by this")
     p.add_argument("--max-output-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("XPYD_API_KEY", ""),
+        help="bearer token for a router started with an API key (env XPYD_API_KEY)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON summary and no progress bar")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    if ns.speedup <= 0 or ns.max_requests <= 0 or ns.duration <= 0:
-        print("xpyd load: --speedup, --max-requests and --duration must be positive", file=sys.stderr)
+    if ns.speedup <= 0 or ns.max_requests <= 0 or ns.duration <= 0 or ns.max_in_flight <= 0:
+        print("xpyd load: --speedup, --max-requests, --duration and --max-in-flight must be positive", file=sys.stderr)
+        return 2
+    bad_url = check_url(ns.url)
+    if bad_url:
+        print(f"xpyd load: {bad_url}", file=sys.stderr)
+        return 2
+    try:
+        requests = _requests(ns)
+        first = next(requests, None)
+    except (trace.TraceError, OSError) as exc:
+        print(f"xpyd load: {exc}", file=sys.stderr)
+        return 2
+    if first is None:
+        print(
+            "xpyd load: no requests to send (the trace is empty after --skip, or --rate x --duration is too small)",
+            file=sys.stderr,
+        )
         return 2
     cfg = LoadConfig(
         url=ns.url,
@@ -68,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         max_in_flight=ns.max_in_flight,
         prompt_scale=ns.prompt_scale,
         max_output_tokens=ns.max_output_tokens,
+        api_key=ns.api_key,
     )
+    try:
+        asyncio.run(preflight(cfg))
+    except Unreachable as exc:
+        print(f"xpyd load: {exc}", file=sys.stderr)
+        return 2
     progress = Progress(
         TextColumn("load"),
         BarColumn(),
@@ -89,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             ttft = f"ttft {outcome.ttft_s * 1000:.0f} ms" if outcome.ttft_s is not None else "no tokens"
             progress.update(task, advance=1, info=f"{ttft}, errors {errors}")
 
-        result = asyncio.run(run(cfg, _requests(ns), done))
+        result = asyncio.run(run(cfg, itertools.chain([first], requests), done))
     summary = result.summary()
     print(json.dumps(summary) if ns.json else "  ".join(f"{k}={v}" for k, v in summary.items()))
     return 0 if summary["ok"] > 0 else 1

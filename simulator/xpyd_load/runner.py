@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -29,6 +30,10 @@ class LoadConfig:
     prompt_scale: float = 1.0
     max_output_tokens: int = 256
     timeout_s: float = 120.0
+    api_key: str = ""
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 @dataclass
@@ -77,7 +82,7 @@ async def _send(session: aiohttp.ClientSession, cfg: LoadConfig, req: TraceReque
     ttft: float | None = None
     tokens = 0
     try:
-        async with session.post(f"{cfg.url.rstrip('/')}/v1/completions", json=body) as resp:
+        async with session.post(f"{cfg.url.rstrip('/')}/v1/completions", json=body, headers=cfg.headers()) as resp:
             if resp.status != 200:
                 return Outcome(resp.status, None, time.perf_counter() - start, 0, (await resp.text())[:200])
             async for raw in resp.content:
@@ -91,8 +96,35 @@ async def _send(session: aiohttp.ClientSession, cfg: LoadConfig, req: TraceReque
                     ttft = time.perf_counter() - start
                 tokens += 1
             return Outcome(200, ttft, time.perf_counter() - start, tokens)
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: a malformed event
         return Outcome(0, ttft, time.perf_counter() - start, tokens, f"{type(exc).__name__}: {exc}")
+
+
+class Unreachable(Exception):
+    """The endpoint does not answer at all: nothing to replay against."""
+
+
+def check_url(url: str) -> str | None:
+    """Why `url` cannot be a router's base URL, or None."""
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"--url must be an http(s) base URL such as http://127.1.0.5:8000, got {url!r}"
+    return None
+
+
+async def preflight(cfg: LoadConfig, timeout_s: float = 5.0) -> int:
+    """GET /v1/models once: the HTTP status if the endpoint answers, else Unreachable naming why."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(f"{cfg.url.rstrip('/')}/v1/models", headers=cfg.headers()) as resp,
+        ):
+            return resp.status
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else " ".join(str(exc).split()) or type(exc).__name__
+        raise Unreachable(
+            f"cannot reach {cfg.url} ({reason}) within {timeout_s:.0f} s; is the router running?"
+        ) from exc
 
 
 async def run(
