@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # One image for the operator, the router and the vLLM worker emulator: `xpyd operator`,
 # `xpyd router`, `xpyd emulate`. Build: docker build -t ghcr.io/xpyd/xpyd:0.1.0 .
+# Released for linux/amd64 and linux/arm64 (make image, .github/workflows/release.yml): the base
+# digest below must stay a multi-platform index digest.
 
 # Pinned by digest: python 3.11.10 on Debian 12 (bookworm), slim variant.
 ARG PYTHON_IMAGE=python:3.11.10-slim-bookworm@sha256:5148c0e4bbb64271bca1d3322360ebf4bfb7564507ae32dd639322e4952a6b16
@@ -15,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY router/ router/
 COPY emulator/ emulator/
+COPY perf/ perf/
 COPY simulator/ simulator/
 COPY cluster/ cluster/
 COPY cli/ cli/

@@ -60,8 +60,52 @@ demo: venv tools
 demo-down: venv
 	@bash demo/down.sh
 
+crds: venv
+	$(PY) -m xpyd_api.crdgen
+	$(PY) -m xpyd_chart
+
+dashboards: crds
+
 bench: venv
 	@bash bench/run-all.sh
 
 clean: cluster-down
 	rm -rf $(VENV) build *.egg-info
+
+# --- Release artifacts: the same steps as .github/workflows/release.yml, run locally -------------
+# make image: the linux/amd64 + linux/arm64 image (an OCI archive in dist/, or pushed with PUSH=1,
+# then signed with cosign when it is installed); make chart: the chart package in dist/ (pushed to
+# the OCI registry with PUSH=1). The version is the chart's; the image tag and appVersion equal it.
+VERSION := $(shell sed -n 's/^version: *//p' charts/xpyd-operator/Chart.yaml)
+IMAGE_REPO ?= ghcr.io/xpyd/xpyd
+CHART_REPO ?= oci://ghcr.io/xpyd/charts
+PLATFORMS ?= linux/amd64,linux/arm64
+DIST ?= dist
+DOCKER ?= docker
+BUILDER ?= xpyd-multiarch
+HELM ?= $(or $(shell command -v helm 2>/dev/null),$(XPYD_CACHE)/bin/helm)
+PUSH ?=
+
+.PHONY: image chart
+
+image:
+	$(if $(shell command -v $(DOCKER) 2>/dev/null),,$(error make image: '$(DOCKER)' not found: the multi-arch image needs Docker with buildx (or tag a release: .github/workflows/release.yml)))
+	$(if $(shell $(DOCKER) buildx version 2>/dev/null),,$(error make image: 'docker buildx' is missing: install the buildx plugin to build linux/amd64 and linux/arm64))
+	$(if $(shell $(DOCKER) info --format '{{.ServerVersion}}' 2>/dev/null),,$(error make image: the Docker daemon is not reachable: start it (and register QEMU for the other architecture)))
+	@$(DOCKER) buildx inspect $(BUILDER) >/dev/null 2>&1 || $(DOCKER) buildx create --name $(BUILDER) --driver docker-container >/dev/null
+	mkdir -p $(DIST)
+	$(DOCKER) buildx build --builder $(BUILDER) --platform $(PLATFORMS) \
+	  --tag $(IMAGE_REPO):$(VERSION) --metadata-file $(DIST)/image-metadata.json \
+	  $(if $(PUSH),--push,--output type=oci$(comma)dest=$(DIST)/xpyd-$(VERSION).oci.tar) .
+	@if [ -n "$(PUSH)" ] && command -v cosign >/dev/null 2>&1; then \
+	  digest=$$(sed -n 's/.*"containerimage.digest": *"\([^"]*\)".*/\1/p' $(DIST)/image-metadata.json); \
+	  cosign sign --yes "$(IMAGE_REPO)@$$digest"; \
+	elif [ -n "$(PUSH)" ]; then echo "make image: cosign not found; the pushed image is not signed" >&2; fi
+
+chart:
+	$(if $(wildcard $(HELM)),,$(error make chart: helm not found: set HELM=/path/to/helm))
+	mkdir -p $(DIST)
+	$(HELM) package charts/xpyd-operator --destination $(DIST) --version $(VERSION) --app-version $(VERSION)
+	$(if $(PUSH),$(HELM) push $(DIST)/xpyd-operator-$(VERSION).tgz $(CHART_REPO))
+
+comma := ,

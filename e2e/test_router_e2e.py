@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from xpyd_api import labels
+from xpyd_perf import TOPOLOGIES
 
 from .kube import apply, is_local_cluster, kubectl, ready_pod, wait_until
 
@@ -32,7 +33,7 @@ def worker_pod(name: str, role: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "labels": {labels.DEPLOYMENT: DEPLOYMENT, labels.ROLE: role}},
         "spec": {
-            "nodeSelector": {labels.GPU_PRODUCT: labels.PRODUCT_B200},
+            "nodeSelector": TOPOLOGIES["HGX-B200"].node_selector(),
             "terminationGracePeriodSeconds": 2,
             "containers": [
                 {

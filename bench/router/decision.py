@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import gc
 import random
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from xpyd_router.hashing import affinity_key, block_hashes
 from xpyd_router.model import RouteRequest, WorkerState
 from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
 from xpyd_router.prefix_index import PrefixIndex
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is not installed: import it from the root
+from bench.baselines import register
 
 PROMPT_CHARS = 128_000
 PREFILL, DECODE = 48, 16
@@ -40,6 +45,7 @@ def _pcts(samples: list[float]) -> dict[str, float]:
 
 
 def run(iterations: int = 2000, seed: int = 1) -> dict[str, Any]:
+    register()  # the peers' routing rules (llm-d, SGLang) beside the product's
     rng = random.Random(seed)
     prompt = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(PROMPT_CHARS))
     prefill = [WorkerState(f"http://10.0.0.{i}:8000", "prefill", f"n{i // 8}") for i in range(PREFILL)]

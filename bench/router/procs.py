@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+PEERS_ROUTER = Path(__file__).resolve().parents[1] / "baselines" / "router.py"  # xpyd router + llm-d, sglang
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -139,8 +140,18 @@ def wait_port(url: str, timeout: float = 30.0) -> None:
 def router_command(kind: str, port: int, prefill: list[str], decode: list[str], extra: list[str]) -> list[str]:
     """The command line of one router under test, in PD mode over the same workers."""
     host = ["--host", "127.0.0.1", "--port", str(port)]
+    if not prefill:  # a single pool: `decode` lists co-located workers, one hop each
+        if kind.startswith("xpyd"):
+            return [str(BIN / "xpyd"), "router", *host, "--worker", *decode, *extra]
+        if kind.startswith("sglang"):
+            cmd = [str(BIN / "python"), "-m", "sglang_router.launch_router", *host, "--worker-urls", *decode]
+            return [*cmd, "--log-level", "error", *_prom(), *extra]
+        if kind.startswith("vllm"):
+            return [str(BIN / "vllm-router"), *host, "--worker-urls", *decode, "--log-level", "error", *_prom(), *extra]
     if kind == "xpyd":
         return [str(BIN / "xpyd"), "router", *host, "--prefill", *prefill, "--decode", *decode, *extra]
+    if kind == "xpyd-peers":  # the same router with the peers' policies registered (bench/baselines)
+        return [str(BIN / "python"), str(PEERS_ROUTER), *host, "--prefill", *prefill, "--decode", *decode, *extra]
     if kind.startswith("sglang"):
         cmd = [str(BIN / "python"), "-m", "sglang_router.launch_router", *host, "--pd-disaggregation"]
         for url in prefill:

@@ -1,4 +1,4 @@
-"""`xpyd cluster up|down|status|nodes`: the local test cluster, idempotent in both directions."""
+"""`xpyd cluster up|down|nodes|env|stop|start`: the local test cluster, idempotent in both directions."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -19,6 +20,14 @@ from .paths import REPO, Layout, default_layout
 
 class ClusterError(RuntimeError):
     """The local cluster cannot do what was asked; the message says what to do."""
+
+
+# Components a fault test may stop and start again (their state survives in the layout's folders).
+RESTARTABLE: dict[str, Callable[[Layout], None]] = {
+    "etcd": control_plane.start_etcd,
+    "kube-apiserver": control_plane.start_apiserver,
+    "prometheus": prometheus.start,
+}
 
 
 def kubectl(layout: Layout, *args: str, stdin: str | None = None) -> str:
@@ -104,7 +113,7 @@ def summarize(items: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:
     for n in items:
         labels = n["metadata"].get("labels", {})
         topo = nodes.topology_of(labels)
-        domain = labels.get("nvidia.com/gpu.clique") or ("per node" if topo == "HGX-B200" else "-")
+        domain = nodes.nvlink_domain_of(labels)
         gpus = int(n.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
         rows[(topo, domain)]["nodes"] += 1
         rows[(topo, domain)]["gpus"] += gpus
@@ -126,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop every process of the local cluster and delete its state")
     sub.add_parser("nodes", help="print the nodes by topology")
     sub.add_parser("env", help="print the export line for KUBECONFIG")
+    for action, what in (("stop", "stop one component (fault tests)"), ("start", "start a stopped component")):
+        one = sub.add_parser(action, help=what)
+        one.add_argument("component", choices=sorted(RESTARTABLE))
     ns = parser.parse_args(argv)
     layout = default_layout()
     if ns.action == "nodes" and not (layout.bin / "kubectl").exists():
@@ -134,7 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     if ns.action in ("nodes", "env") and not layout.kubeconfig.exists():
         print("xpyd cluster: the local cluster is not running; start it with 'make cluster-up'", file=sys.stderr)
         return 2
-    if ns.action == "up":
+    if ns.action in ("stop", "start") and not layout.kubeconfig.exists():
+        print("xpyd cluster: the local cluster is not running; start it with 'make cluster-up'", file=sys.stderr)
+        return 2
+    if ns.action == "stop":
+        daemons.stop(layout, ns.component, grace=5)
+    elif ns.action == "start":
+        RESTARTABLE[ns.component](layout)
+    elif ns.action == "up":
         up(layout, with_prometheus=not ns.no_prometheus)
     elif ns.action == "down":
         down(layout)

@@ -6,7 +6,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from xpyd_api import fabrics
 from xpyd_api import labels as L
+from xpyd_perf import TOPOLOGIES, Topology, by_product
 
 # Marks every node this cluster creates, so kwok and the process kubelet know theirs.
 LOCAL_NODE = "xpyd.io/local-node"
@@ -15,18 +17,28 @@ NODE_IP = "127.0.0.1"
 
 @dataclass(frozen=True)
 class NodeShape:
-    """What one kind of node offers the scheduler."""
+    """What one kind of node offers the scheduler; GPU nodes take their GPUs and labels from the topology."""
 
     cpu: str
     memory: str
-    gpus: int
-    product: str | None
-    arch: str = "amd64"
+    topology: Topology | None = None  # None: a CPU node
+
+    @property
+    def gpus(self) -> int:
+        return self.topology.gpus_per_node if self.topology else 0
+
+    @property
+    def arch(self) -> str:
+        return self.topology.arch if self.topology else "amd64"
 
 
-B200 = NodeShape(cpu="224", memory="2Ti", gpus=8, product=L.PRODUCT_B200)
-GB200_TRAY = NodeShape(cpu="144", memory="960Gi", gpus=4, product=L.PRODUCT_GB200, arch="arm64")
-CPU = NodeShape(cpu="32", memory="128Gi", gpus=0, product=None)
+B200 = NodeShape(cpu="224", memory="2Ti", topology=TOPOLOGIES["HGX-B200"])
+GB200_TRAY = NodeShape(cpu="144", memory="960Gi", topology=TOPOLOGIES["GB200-NVL72"])
+CPU = NodeShape(cpu="32", memory="128Gi")
+
+# What the RDMA shared device plugin advertises on a GPU node (network profile InfiniBand): slots that
+# each hand a pod every HCA of the node, so engine pods with an RDMA fabric schedule here too.
+RDMA_SLOTS = dict.fromkeys(fabrics.PROFILES["InfiniBand"].parts(1).resources, "64")
 
 HGX_NODES = 4
 NVL72_RACKS = 2
@@ -49,10 +61,10 @@ def node(name: str, shape: NodeShape, extra_labels: dict[str, str] | None = None
         LOCAL_NODE: "true",
     }
     resources = {"cpu": shape.cpu, "memory": shape.memory, "pods": "110"}
-    if shape.product is not None:
-        node_labels[L.GPU_PRODUCT] = shape.product
-        node_labels[L.GPU_COUNT] = str(shape.gpus)
+    if shape.topology is not None:
+        node_labels.update(shape.topology.node_labels())
         resources[L.GPU_RESOURCE] = str(shape.gpus)
+        resources.update(RDMA_SLOTS)
     node_labels.update(extra_labels or {})
     return {
         "apiVersion": "v1",
@@ -86,9 +98,13 @@ def all_nodes() -> list[dict[str, Any]]:
 
 def topology_of(node_labels: dict[str, str]) -> str:
     """The topology name a node belongs to, for tables and tests."""
-    product = node_labels.get(L.GPU_PRODUCT)
-    if product == L.PRODUCT_B200:
-        return "HGX-B200"
-    if product == L.PRODUCT_GB200:
-        return "GB200-NVL72"
-    return "CPU"
+    topology = by_product(node_labels.get(L.GPU_PRODUCT))
+    return topology.name if topology is not None else "CPU"
+
+
+def nvlink_domain_of(node_labels: dict[str, str]) -> str:
+    """How far a node's NVLink reaches, for tables: its clique, "per node", or "-" on CPU nodes."""
+    topology = by_product(node_labels.get(L.GPU_PRODUCT))
+    if topology is None:
+        return "-"
+    return node_labels.get(L.GPU_CLIQUE, "-") if topology.nvlink_domain == "clique" else "per node"

@@ -1,28 +1,30 @@
-"""Metric names and label selectors the dashboards query: one place to keep them in step with the code."""
+"""The label selectors the dashboards query with, over the metric names of `xpyd_api.metric_names`."""
 
 from __future__ import annotations
 
 from typing import Final
 
+from xpyd_api import metric_names as names
+
 # vLLM worker metrics (DESIGN.md section 6); the emulator exports the same names.
-VLLM_WAITING: Final = "vllm:num_requests_waiting"
-VLLM_RUNNING: Final = "vllm:num_requests_running"
-VLLM_KV_USAGE: Final = "vllm:kv_cache_usage_perc"
-VLLM_TTFT_BUCKET: Final = "vllm:time_to_first_token_seconds_bucket"
-VLLM_ITL_BUCKET: Final = "vllm:inter_token_latency_seconds_bucket"
-VLLM_PREFIX_QUERIES: Final = "vllm:prefix_cache_queries_total"
-VLLM_PREFIX_HITS: Final = "vllm:prefix_cache_hits_total"
+VLLM_WAITING: Final = names.WAITING
+VLLM_RUNNING: Final = names.RUNNING
+VLLM_KV_USAGE: Final = names.KV_USAGE
+VLLM_TTFT_BUCKET: Final = f"{names.TTFT}_bucket"
+VLLM_ITL_BUCKET: Final = f"{names.ITL}_bucket"
+VLLM_PREFIX_QUERIES: Final = names.PREFIX_QUERIES
+VLLM_PREFIX_HITS: Final = names.PREFIX_HITS
 
 # Our own metrics, labelled `deployment` (the DisaggregatedDeployment's name); routers get `namespace`
 # from their scrape target, the operator's autoscaler series carry it themselves (honorLabels).
-AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"
-AUTOSCALER_ACTUAL: Final = "xpyd_autoscaler_actual_replicas"
-AUTOSCALER_REASON: Final = "xpyd_autoscaler_decision_reason"  # 1 for the last decision's reason
-AUTOSCALER_SCALE_EVENTS: Final = "xpyd_autoscaler_scale_events_total"
-ROUTER_REQUESTS: Final = "xpyd_router_requests_total"
-ROUTER_PREFIX_HIT_RATIO: Final = "xpyd_router_prefix_hit_ratio"
-ROUTER_KV_HANDOFFS: Final = "xpyd_router_kv_handoffs_total"
-ROUTER_INFLIGHT: Final = "xpyd_router_inflight_requests"  # every router has it: the variables list it
+AUTOSCALER_DESIRED: Final = names.AUTOSCALER_DESIRED
+AUTOSCALER_ACTUAL: Final = names.AUTOSCALER_ACTUAL
+AUTOSCALER_REASON: Final = names.AUTOSCALER_REASON  # 1 for the last decision's reason
+AUTOSCALER_SCALE_EVENTS: Final = names.AUTOSCALER_SCALE_EVENTS
+ROUTER_REQUESTS: Final = names.ROUTER_REQUESTS
+ROUTER_PREFIX_HIT_RATIO: Final = names.ROUTER_PREFIX_HIT_RATIO
+ROUTER_KV_HANDOFFS: Final = names.ROUTER_KV_HANDOFFS
+ROUTER_INFLIGHT: Final = names.ROUTER_INFLIGHT  # every router has it: the variables list it
 
 # Grafana template variables every per-deployment query is filtered by.
 VAR_NAMESPACE: Final = "namespace"
@@ -33,8 +35,8 @@ RATE_INTERVAL: Final = "$__rate_interval"
 # Scrape contract shared with the autoscaler (xpyd_operator.autoscaling_promql): worker and router
 # pods are scraped with `namespace` and `pod` target labels, and their pod labels xpyd.io/deployment
 # and xpyd.io/role relabelled to `xpyd_deployment` and `xpyd_role` (the chart's PodMonitor does it).
-POD_DEPLOYMENT: Final = "xpyd_deployment"
-POD_ROLE: Final = "xpyd_role"
+POD_DEPLOYMENT: Final = names.POD_DEPLOYMENT
+POD_ROLE: Final = names.POD_ROLE
 WORKER_ROLES: Final = "prefill|decode|worker"
 
 

@@ -17,7 +17,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from xpyd_emulator.protocol import ApiError
+from xpyd_emulator.errors import ApiError
+from xpyd_emulator.peers import MAX_ROOM, Bootstrap, PeerPolicy, url_host
 
 ROOM_PATH = "/xpyd/bootstrap/room/{room}"
 
@@ -62,6 +63,10 @@ class RoomTable:
             del self._rooms[room]
         return entry.info if entry.ready.is_set() else None
 
+    def published(self) -> int:
+        """Rooms prefilled here that no decode has claimed yet (a draining prefill waits for them)."""
+        return sum(1 for r in self._rooms.values() if r.ready.is_set())
+
     def expire(self, now: float) -> int:
         gone = [k for k, r in self._rooms.items() if r.expires <= now and r.ready.is_set()]
         for key in gone:
@@ -69,37 +74,46 @@ class RoomTable:
         return len(gone)
 
 
-def bootstrap_app(rooms: RoomTable) -> web.Application:
-    """The prefill's bootstrap server (SGLang's --disaggregation-bootstrap-port)."""
+def bootstrap_app(rooms: RoomTable, peers: PeerPolicy) -> web.Application:
+    """The prefill's bootstrap server (SGLang's --disaggregation-bootstrap-port), for allowed peers only."""
+
+    def reply(status: int, message: str) -> web.Response:
+        return web.Response(status=status, body=ApiError(message, status).body(), content_type="application/json")
 
     async def room(request: web.Request) -> web.Response:
+        remote = request.remote or ""
+        if not peers.allows(remote):
+            return reply(403, f"{remote} is not a KV peer of this worker")
         try:
             number = int(request.match_info["room"])
-            timeout = min(float(request.query.get("timeout", "30")), 600.0)
+            timeout = float(request.query.get("timeout", "30"))
         except ValueError:
-            return web.Response(status=400, body=ApiError("room and timeout must be numbers").body())
+            return reply(400, "room and timeout must be numbers")
+        if not 0 <= number <= MAX_ROOM or not 0 <= timeout <= 600:  # also rejects nan
+            return reply(400, f"room must be in [0, {MAX_ROOM}] and timeout in [0, 600] seconds")
         info = await rooms.claim(number, timeout)
         if info is None:
-            return web.Response(status=404, body=ApiError(f"bootstrap room {number} never prefilled", 404).body())
+            return reply(404, f"bootstrap room {number} never prefilled")
         return web.json_response(info)
 
-    app = web.Application()
+    app = web.Application(client_max_size=4096)
     app.router.add_get(ROOM_PATH, room)
     return app
 
 
-async def wait_room(
-    session: aiohttp.ClientSession, host: str, port: int, room: int, wait_seconds: float
-) -> dict[str, Any]:
+async def wait_room(session: aiohttp.ClientSession, where: Bootstrap, wait_seconds: float) -> dict[str, Any]:
     """The decode side: long-poll the prefill's bootstrap server until the room is prefilled."""
-    url = f"http://{host}:{port}{ROOM_PATH.format(room=room)}"
+    host, port, room = where.host, where.port, where.room
+    url = f"http://{url_host(host)}:{port}{ROOM_PATH.format(room=room)}"
     try:
         async with session.get(url, params={"timeout": str(wait_seconds)},
                                timeout=aiohttp.ClientTimeout(total=wait_seconds + 5)) as resp:  # fmt: skip
             body = await resp.read()
             if resp.status != 200:
                 raise ApiError(f"KV transfer for bootstrap room {room} from {host}:{port} failed", status=500)
-            info: dict[str, Any] = orjson.loads(body)
+            info = orjson.loads(body)
+            if not isinstance(info, dict):
+                raise ApiError(f"bootstrap server {host}:{port} sent a malformed room", status=500)
             return info
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise ApiError(f"bootstrap server {host}:{port} unreachable: {exc!r}", status=500) from None

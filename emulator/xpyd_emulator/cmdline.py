@@ -1,4 +1,9 @@
-"""Reads a vLLM (or SGLang) command line and the pod's env into the emulator's configuration."""
+"""Reads a vLLM (or SGLang) command line and the pod's env into the emulator's configuration.
+
+Flags the emulator models are range-checked as the engine would check them; other engine flags
+are accepted and ignored, except near-misses of modelled ones (`--max-model-length`) which would
+silently change what is emulated. vLLM's `--config FILE` (YAML) is read like vLLM reads it.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,24 @@ import argparse
 import json
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
 
-DEFAULT_SIDE_CHANNEL_PORT = 5600
+import yaml
 
+from xpyd_api import labels
+from xpyd_emulator.errors import CommandLineError
+from xpyd_emulator.kv_events import KvEventsConfig, parse_kv_events
+from xpyd_emulator.options import env_value, flag_word, knob_values, number
 
-class CommandLineError(ValueError):
-    """A command line the emulator cannot read as vLLM or SGLang; the message says why."""
+__all__ = ["CommandLineError", "EmulatorConfig", "parse_engine_command"]
+DEFAULT_SIDE_CHANNEL_PORT = labels.NIXL_PORT
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_EXAMPLE = '\'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\''
+# Real engine flags a few edits away from a modelled flag: not typos.
+_NEAR_BUT_REAL = {"--ec-transfer-config", "--num-cpu-blocks-override"}
 
 
 @dataclass(slots=True)
@@ -28,6 +43,7 @@ class EmulatorConfig:
     dp: int = 1
     dp_attention: bool = False
     kv_transfer_config: dict[str, object] | None = None
+    kv_events: KvEventsConfig | None = None  # --kv-events-config, when it turns publishing on
     max_model_len: int | None = None
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
@@ -47,34 +63,127 @@ class EmulatorConfig:
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = DEFAULT_SIDE_CHANNEL_PORT
     default_output_tokens: int = 256
+    kv_peers: str | None = None  # None: the /16 of side_channel_host (see peers.py)
+    drain_seconds: float = 25.0
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_body_bytes: int = 16 << 20
+    max_connections: int = 4096
     extra_args: list[str] = field(default_factory=list)
 
 
-def _bool_env(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise CommandLineError(f"bad engine flag: {message}")
+
+
+def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+PORT = _typed(number(int, 1, 65535))
+POSITIVE = _typed(number(int, 1))
+BLOCK = _typed(number(int, 1, 1024))
+FRACTION = _typed(number(float, 0, 1, open_low=True))
 
 
 def _engine_parser(engine: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    p = _Parser(add_help=False, allow_abbrev=False, exit_on_error=False)
     p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=30000 if engine == "sglang" else 8000)
+    p.add_argument("--port", type=PORT, default=30000 if engine == "sglang" else 8000)
     p.add_argument("--model", "--model-path", dest="model", default=None)
     p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tp", type=int, default=1)
-    p.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", dest="dp", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tp", type=POSITIVE, default=1)
+    p.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", dest="dp", type=POSITIVE, default=1)
     p.add_argument("--enable-expert-parallel", "--enable-dp-attention", dest="dp_attn", action="store_true")
     p.add_argument("--kv-transfer-config", default=None)
-    p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", "--chunked-prefill-size", dest="mnbt", type=int, default=8192)
-    p.add_argument("--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=int, default=256)
-    p.add_argument("--block-size", "--page-size", dest="block_size", type=int, default=16)
-    p.add_argument("--gpu-memory-utilization", "--mem-fraction-static", dest="gmu", type=float, default=0.9)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--kv-events-config", default=None)
+    p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=POSITIVE, default=None)
+    p.add_argument("--max-num-batched-tokens", "--chunked-prefill-size", dest="mnbt", type=POSITIVE, default=8192)
+    p.add_argument("--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=POSITIVE, default=256)
+    p.add_argument("--block-size", "--page-size", dest="block_size", type=BLOCK, default=16)
+    p.add_argument("--gpu-memory-utilization", "--mem-fraction-static", dest="gmu", type=FRACTION, default=0.9)
+    p.add_argument("--num-gpu-blocks-override", type=POSITIVE, default=None)
     p.add_argument("--enable-prefix-caching", dest="prefix", action="store_true", default=True)
     p.add_argument("--no-enable-prefix-caching", "--disable-radix-cache", dest="prefix", action="store_false")
-    p.add_argument("--disaggregation-mode", default=None)
-    p.add_argument("--disaggregation-bootstrap-port", type=int, default=None)
+    p.add_argument("--disaggregation-mode", choices=("null", "prefill", "decode"), default=None)
+    p.add_argument("--disaggregation-bootstrap-port", type=PORT, default=None)
+    p.add_argument("--config", default=None)
     return p
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance (flags are short)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def _near_misses(parser: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Refuse unknown flags up to three edits from (or an abbreviation of) a flag the emulator models."""
+    known = [s for a in parser._actions for s in a.option_strings if s.startswith("--") and len(s) >= 12]
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if not name.startswith("--") or name in _NEAR_BUT_REAL or len(name) < 8:
+            continue
+        for flag in known:
+            if _distance(name, flag) <= 3 or flag.startswith(name):
+                raise CommandLineError(
+                    f"unknown engine flag {name}: did you mean {flag}? (the emulator models {flag}; "
+                    "spell it out in full)"
+                )
+
+
+def _config_file(path: str) -> list[str]:
+    """vLLM's `--config FILE`: a YAML mapping of flag names to values, read before the command line."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CommandLineError(f"--config {path}: cannot read it ({exc.strerror or exc}); check the path") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise CommandLineError(f"--config {path} is not valid YAML ({reason}); fix the file") from None
+    if not isinstance(doc, dict):
+        raise CommandLineError(f"--config {path} must be a YAML mapping of flag names to values")
+    flags: list[str] = []
+    for key, value in doc.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        elif value is not None and value is not False:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _kv_config(text: str) -> dict[str, object]:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandLineError(f"--kv-transfer-config is not JSON ({exc.msg} at column {exc.colno}); "
+                               f"pass e.g. {KV_EXAMPLE}") from None  # fmt: skip
+    if not isinstance(config, dict):
+        raise CommandLineError(f"--kv-transfer-config must be a JSON object, e.g. {KV_EXAMPLE}")
+    if not isinstance(config.get("kv_connector"), str):
+        raise CommandLineError(f'--kv-transfer-config needs a "kv_connector" string, e.g. {KV_EXAMPLE}')
+    if config.get("kv_role") is not None and config["kv_role"] not in KV_ROLES:
+        raise CommandLineError(f"--kv-transfer-config kv_role {config['kv_role']!r} is not one of {KV_ROLES}")
+    policy = config.get("kv_load_failure_policy")
+    if policy is not None and policy not in ("recompute", "fail"):
+        raise CommandLineError(f"--kv-transfer-config kv_load_failure_policy {policy!r} is not recompute or fail")
+    return config
 
 
 def _split_shell(tokens: list[str]) -> list[str]:
@@ -125,55 +234,57 @@ def parse_engine_command(
     gpu: str | None = None,
     speedup: float | None = None,
     zero_delay: bool | None = None,
+    flags: Mapping[str, str | None] | None = None,
 ) -> EmulatorConfig:
     """The emulator configuration for an engine command line plus env (flags given win over env)."""
-    engine, model, flags = _engine_args(_split_shell(list(command)))
+    engine, model, args = _engine_args(_split_shell(list(command)))
+    parser = _engine_parser(engine)
     try:
-        ns, extra = _engine_parser(engine).parse_known_args(flags)
-    except (argparse.ArgumentError, ValueError) as exc:
-        raise CommandLineError(f"bad engine flag: {exc}") from exc
+        ns, extra = parser.parse_known_args(args)
+        if ns.config:
+            ns, extra = parser.parse_known_args([*_config_file(ns.config), *args])
+    except argparse.ArgumentError as exc:
+        raise CommandLineError(f"bad engine flag: {exc}") from None
+    _near_misses(parser, extra)
     model = model or ns.model or ("facebook/opt-125m" if engine == "vllm" else None)
     if model is None:
-        raise CommandLineError("SGLang command line needs --model-path")
-    kv_config = None
-    if ns.kv_transfer_config:
-        try:
-            kv_config = json.loads(ns.kv_transfer_config)
-        except json.JSONDecodeError as exc:
-            raise CommandLineError(f"--kv-transfer-config is not JSON: {exc}") from exc
-        if not isinstance(kv_config, dict):
-            raise CommandLineError("--kv-transfer-config must be a JSON object")
+        raise CommandLineError("SGLang command line needs --model-path MODEL")
     host = env.get("XPYD_BIND_HOST") or ns.host or "127.0.0.1"  # vLLM binds all interfaces; we stay local
     side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or (host if host not in {"0.0.0.0", "::", ""} else "127.0.0.1")
+    lease = env_value(env, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", number(float, 0, 86400, True), 30.0)
+    side_port = env_value(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", number(int, 1, 65535), DEFAULT_SIDE_CHANNEL_PORT)
     cfg = EmulatorConfig(
         model=model,
         served_model_names=list(ns.served_model_name or [model]),
         host=host,
         port=ns.port,
-        tp=max(1, ns.tp),
-        dp=max(1, ns.dp),
+        tp=ns.tp,
+        dp=ns.dp,
         dp_attention=bool(ns.dp_attn and ns.dp > 1),
-        kv_transfer_config=kv_config,
+        kv_transfer_config=_kv_config(ns.kv_transfer_config) if ns.kv_transfer_config else None,
+        kv_events=parse_kv_events(ns.kv_events_config, engine) if ns.kv_events_config else None,
         max_model_len=ns.max_model_len,
-        max_num_batched_tokens=max(1, ns.mnbt),
-        max_num_seqs=max(1, ns.max_num_seqs),
-        block_size=max(1, ns.block_size),
+        max_num_batched_tokens=ns.mnbt,
+        max_num_seqs=ns.max_num_seqs,
+        block_size=ns.block_size,
         gpu_memory_utilization=ns.gmu,
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
         enable_prefix_caching=ns.prefix,
         engine=engine,
-        disaggregation_mode=ns.disaggregation_mode,
+        disaggregation_mode=None if ns.disaggregation_mode == "null" else ns.disaggregation_mode,
         bootstrap_port=ns.disaggregation_bootstrap_port,
         gpu=gpu or env.get("XPYD_GPU") or "B200",
-        speedup=speedup if speedup is not None else float(env.get("XPYD_SPEEDUP") or 1.0),
-        zero_delay=zero_delay if zero_delay else _bool_env(env.get("XPYD_ZERO_DELAY")),
-        kv_lease_seconds=float(env.get("XPYD_KV_LEASE_SECONDS") or 30.0),
+        speedup=speedup if speedup is not None else env_value(env, "XPYD_SPEEDUP", number(float, 0, 1e9, True), 1.0),
+        zero_delay=zero_delay if zero_delay else env_value(env, "XPYD_ZERO_DELAY", flag_word, False),
+        kv_lease_seconds=env_value(env, "XPYD_KV_LEASE_SECONDS", number(float, 0, 86400, True), lease),
         node_name=env.get("XPYD_NODE_NAME") or None,
         nvlink_domain=env.get("XPYD_NVLINK_DOMAIN") or env.get("XPYD_NODE_NAME") or None,
         side_channel_host=side_host,
-        side_channel_port=int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT") or DEFAULT_SIDE_CHANNEL_PORT),
+        side_channel_port=side_port,
         extra_args=extra,
     )
+    for name, value in knob_values(flags or {}, env).items():
+        setattr(cfg, name, value)
     if cfg.speedup <= 0:
-        raise CommandLineError(f"speed-up must be > 0, got {cfg.speedup}")
+        raise CommandLineError(f"--speedup must be > 0, got {cfg.speedup}")
     return cfg

@@ -5,6 +5,7 @@ admitted sequences, all under a per-step token budget (--max-num-batched-tokens)
 cap (--max-num-seqs); sequences that do not fit wait, which is what `vllm:num_requests_waiting`
 shows. A sequence reserves KV blocks for prompt + max_tokens when admitted. The step then sleeps
 its modelled time divided by the speed-up, on a deadline so timer granularity does not drift.
+An abort takes a sequence out of the queues at once, so the running/waiting gauges are exact.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from xpyd_emulator.metrics import EngineMetrics
 from xpyd_emulator.prefix_cache import BlockPool
@@ -23,8 +25,8 @@ class Sequence:
     """One request inside the engine; the HTTP handler waits on `event` for new tokens."""
 
     __slots__ = ("aborted", "arrival", "blocks", "cached", "computed", "done", "event", "first_at",
-                 "generated", "hashes", "hold", "last_at", "matched", "max_tokens", "on_done", "prompt",
-                 "streamed")  # fmt: skip
+                 "generated", "hashes", "hold", "last_at", "lease", "matched", "max_tokens", "on_done", "prompt",
+                 "streamed", "tokens")  # fmt: skip
 
     def __init__(
         self,
@@ -54,6 +56,8 @@ class Sequence:
         self.aborted = False
         self.event = asyncio.Event()
         self.on_done: Callable[[], None] | None = None  # called once when the last token is out
+        self.lease: int | None = None  # first block id of the KV lease that took over `blocks`
+        self.tokens: Any = None  # the prompt's token ids, when KV events report stored blocks
 
 
 class Engine:
@@ -77,20 +81,56 @@ class Engine:
         self.max_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.pulling = 0  # decodes fetching remote KV before they queue (vLLM counts them as waiting)
+        self.progress = 0.0  # loop time of the last step, or of the last moment with nothing to do
         self._wake = asyncio.Event()
         self._deadline = 0.0
         self._attn_coef = 4.0 * model.layers * model.q_heads * model.attn_head_dim
+        self.on_events: Callable[[list[Any]], None] | None = None  # a step's KV events (vLLM publishes per step)
+
+    def flush_events(self) -> None:
+        """Hand the pool's recorded KV events to the publisher, one batch per step."""
+        if self.on_events is not None and (events := self.pool.take_events()):
+            self.on_events(events)
+
+    def gauges(self) -> None:
+        """Refresh vllm:num_requests_running / _waiting / kv_cache_usage_perc from the queues."""
+        m = self.metrics
+        m.running = len(self.running)
+        m.waiting = len(self.waiting) + self.pulling
+        m.kv_usage = self.pool.usage
 
     def submit(self, seq: Sequence) -> None:
+        if not self.running and not self.waiting:  # work starts now: the stall clock too
+            self.progress = asyncio.get_running_loop().time()
         self.waiting.append(seq)
-        self.metrics.waiting = len(self.waiting)
+        self.gauges()
         self._wake.set()
 
     def abort(self, seq: Sequence) -> None:
-        """Drop a sequence whose client went away; its blocks are freed at the next step."""
-        if not seq.done:
-            seq.aborted = True
-            self._wake.set()
+        """Drop a sequence whose client went away, at once: out of the queues, its blocks freed."""
+        if seq.done:
+            return
+        seq.aborted = seq.done = True
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.pool.unpin(seq.blocks)
+        seq.blocks = 0
+        self.metrics.success["abort"] += 1
+        seq.event.set()
+        self.gauges()
+        self._wake.set()
+
+    def fail_all(self) -> None:
+        """The loop stopped: end every queued and running sequence so no handler waits forever."""
+        for seq in [*self.running, *self.waiting]:
+            self.abort(seq)
+
+    def stalled(self, now: float, limit: float) -> bool:
+        """Work is queued but no step ran for `limit` seconds (blocks that never free, a stuck loop)."""
+        return bool(self.running or self.waiting) and now - self.progress > limit
 
     def _match(self, seq: Sequence) -> None:
         pool = self.pool
@@ -104,7 +144,8 @@ class Engine:
         """Zero-delay mode: account a whole request at once (prefix cache, metrics), no scheduling."""
         if not seq.matched:
             self._match(seq)
-        self.pool.insert(seq.hashes)
+        self.pool.insert(seq.hashes, seq.tokens)
+        self.flush_events()
         if seq.hold:
             seq.blocks = self.pool.blocks_for(seq.prompt)
             self.pool.pinned += seq.blocks
@@ -119,16 +160,6 @@ class Engine:
         seq.done = True
         if seq.on_done is not None:
             seq.on_done()
-
-    def _drop_aborted(self) -> None:
-        m = self.metrics
-        for seq in [s for s in self.running if s.aborted]:
-            self.running.remove(seq)
-            self.pool.unpin(seq.blocks)
-            seq.done = True
-            m.success["abort"] += 1
-        if any(s.aborted for s in self.waiting):
-            self.waiting = deque(s for s in self.waiting if not s.aborted)
 
     def schedule(self, now: float) -> tuple[list[Sequence], list[tuple[Sequence, int]], float]:
         """Pick this step's decodes and prefill chunks; returns them and the step's modelled time."""
@@ -174,9 +205,11 @@ class Engine:
         m = self.metrics
         finished = False
         for seq, n in chunks:
+            if seq.aborted:  # aborted while its step ran
+                continue
             seq.computed += n
             if seq.computed >= seq.prompt:
-                self.pool.insert(seq.hashes)
+                self.pool.insert(seq.hashes, seq.tokens)
                 m.prompt_tokens += seq.prompt
                 m.ttft.observe(now - seq.arrival)
                 seq.first_at = seq.last_at = now
@@ -184,6 +217,8 @@ class Engine:
                 m.generation_tokens += 1
                 finished |= self._finish_if_done(seq, now)
         for seq in decodes:
+            if seq.aborted:
+                continue
             seq.generated += 1
             m.generation_tokens += 1
             m.itl.observe(now - seq.last_at)
@@ -191,9 +226,9 @@ class Engine:
             finished |= self._finish_if_done(seq, now)
         if finished:
             self.running = [s for s in self.running if not s.done]
-        m.running = len(self.running)
-        m.waiting = len(self.waiting)
-        m.kv_usage = self.pool.usage
+        self.flush_events()
+        self.progress = now
+        self.gauges()
 
     def _finish_if_done(self, seq: Sequence, now: float) -> bool:
         if seq.generated < seq.max_tokens:
@@ -226,9 +261,9 @@ class Engine:
         while True:
             if not self.running and not self.waiting:
                 self._wake.clear()
+                self.gauges()
                 await self._wake.wait()
-                self._deadline = loop.time()
-            self._drop_aborted()
+                self._deadline = self.progress = loop.time()
             decodes, chunks, seconds = self.schedule(loop.time())
             if not decodes and not chunks:  # waiting for blocks that never free: yield
                 self._wake.clear()

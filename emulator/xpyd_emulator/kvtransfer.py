@@ -1,25 +1,30 @@
 """The NixlConnector stand-in: leases on prefilled blocks, the side channel, and the decode's pull.
 
-A prefill with `do_remote_decode` keeps its prompt's blocks pinned under a lease and returns
-`remote_*` params naming them and its side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT). The decode
-"reads" them with a real loopback POST to that side channel, which releases the lease; unknown
-or expired blocks fail the decode like a failed NIXL transfer.
+A prefill with `do_remote_decode` that finishes keeps its prompt's blocks pinned under a lease
+(streamed or not, as vLLM's request_finished does) and returns `remote_*` params naming them and
+its side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT). The decode "reads" them with a real POST to
+that side channel, which releases the lease; a lease nobody pulls expires after
+XPYD_KV_LEASE_SECONDS (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT), so blocks are never pinned for
+good. The side channel serves allowed peers only; unknown or expired blocks fail the decode like
+a failed NIXL transfer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from xpyd_emulator.errors import ApiError, error_body
+from xpyd_emulator.peers import MAX_BLOCK_ID, PeerPolicy, RemoteKv, url_host
 from xpyd_emulator.prefix_cache import BlockPool
-from xpyd_emulator.protocol import ApiError
 
 PULL_PATH = "/xpyd/kv/pull"
 _ID_SPACE = 1 << 31
+SIDE_CHANNEL_MAX_BODY = 1 << 20
 
 
 @dataclass(slots=True)
@@ -46,77 +51,91 @@ class LeaseTable:
 
     def grant(self, blocks: int, tokens: int, now: float) -> list[int]:
         """Lease `blocks` already-pinned blocks; returns their ids."""
-        first = self._next
-        self._next = (self._next + blocks) % _ID_SPACE
+        first = self._next if self._next + blocks <= _ID_SPACE else 0
+        self._next = first + blocks
         self._leases[first] = Lease(first, blocks, tokens, now + self.lease_seconds)
         return list(range(first, first + blocks))
 
     def release(self, engine_id: object, block_ids: object) -> Lease:
         """Hand the leased blocks to a decode; raises LookupError if they are unknown or expired."""
         if engine_id != self.engine_id:
-            raise LookupError(f"engine {engine_id!r} is not this prefill engine ({self.engine_id})")
-        if not isinstance(block_ids, list) or not block_ids or not isinstance(block_ids[0], int):
+            raise LookupError(f"engine {str(engine_id)[:80]!r} is not this prefill engine ({self.engine_id})")
+        if not isinstance(block_ids, list) or not block_ids or type(block_ids[0]) is not int:
             raise LookupError("remote_block_ids must be a non-empty list of block ids")
         lease = self._leases.get(block_ids[0])
         if lease is None or lease.blocks != len(block_ids):
             raise LookupError(f"blocks {block_ids[0]}..{block_ids[-1]} are unknown or their lease expired")
-        del self._leases[lease.first_block]
-        self.pool.unpin(lease.blocks)
+        self.drop(lease.first_block)
+        return lease
+
+    def drop(self, first_block: int) -> Lease | None:
+        """Free a lease at once (its prefill's client went away before reading the block ids)."""
+        lease = self._leases.pop(first_block, None)
+        if lease is not None:
+            self.pool.unpin(lease.blocks)
         return lease
 
     def expire(self, now: float) -> int:
         """Free every lease past its deadline; returns how many."""
         gone = [k for k, lease in self._leases.items() if lease.expires <= now]
         for key in gone:
-            self.pool.unpin(self._leases.pop(key).blocks)
+            self.drop(key)
         self.expired += len(gone)
         return len(gone)
 
 
-def side_channel_app(leases: LeaseTable) -> web.Application:
-    """The side-channel HTTP app a decode pulls blocks from."""
+def _reply(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=error_body(message, status), content_type="application/json")
+
+
+def side_channel_app(leases: LeaseTable, peers: PeerPolicy, body_timeout: float = 10.0) -> web.Application:
+    """The side-channel HTTP app a decode pulls blocks from (allowed peers only)."""
 
     async def pull(request: web.Request) -> web.Response:
+        remote = request.remote or ""
+        if not peers.allows(remote):
+            return _reply(403, f"{remote} is not a KV peer of this worker")
         try:
-            body = orjson.loads(await request.read())
-            lease = leases.release(body.get("engine_id"), body.get("block_ids"))
-        except (orjson.JSONDecodeError, AttributeError) as exc:
-            return web.Response(status=400, body=ApiError(f"bad pull request: {exc}").body())
+            async with asyncio.timeout(body_timeout):
+                body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _reply(400, f"bad pull request: {exc}")
+        except TimeoutError:
+            return _reply(408, f"pull request body not received within {body_timeout:g} s")
+        ids = body.get("block_ids") if isinstance(body, dict) else None
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("engine_id"), str)
+            or not isinstance(ids, list)
+            or not all(type(b) is int and 0 <= b <= MAX_BLOCK_ID for b in ids)
+        ):
+            return _reply(400, "bad pull request: expected {engine_id: string, block_ids: [int, ...]}")
+        try:
+            lease = leases.release(body["engine_id"], ids)
         except LookupError as exc:
-            return web.Response(status=404, body=ApiError(str(exc), status=404).body())
+            return _reply(404, str(exc))
         return web.json_response({"blocks": lease.blocks, "tokens": lease.tokens})
 
-    app = web.Application()
+    app = web.Application(client_max_size=SIDE_CHANNEL_MAX_BODY)
     app.router.add_post(PULL_PATH, pull)
     return app
 
 
-def remote_params(params: dict[str, Any]) -> tuple[str, list[int], str, int]:
-    """Validate a decode's kv_transfer_params; raises ApiError(400) naming the bad field."""
-    engine_id = params.get("remote_engine_id")
-    block_ids = params.get("remote_block_ids")
-    host = params.get("remote_host")
-    port = params.get("remote_port")
-    if not isinstance(engine_id, str):
-        raise ApiError("kv_transfer_params.remote_engine_id must be a string.", param="kv_transfer_params")
-    if not isinstance(block_ids, list) or not all(isinstance(b, int) for b in block_ids):
-        raise ApiError("kv_transfer_params.remote_block_ids must be a list of ints.", param="kv_transfer_params")
-    if not isinstance(host, str) or not isinstance(port, int):
-        raise ApiError("kv_transfer_params.remote_host/remote_port are missing.", param="kv_transfer_params")
-    return engine_id, block_ids, host, port
-
-
-async def pull_blocks(session: aiohttp.ClientSession, params: dict[str, Any]) -> int:
+async def pull_blocks(session: aiohttp.ClientSession, remote: RemoteKv) -> int:
     """Read a prefill's leased blocks over its side channel; returns the tokens they hold."""
-    engine_id, block_ids, host, port = remote_params(params)
-    url = f"http://{host}:{port}{PULL_PATH}"
+    where = f"{remote.engine_id} at {remote.host}:{remote.port}"
+    url = f"http://{url_host(remote.host)}:{remote.port}{PULL_PATH}"
+    payload = orjson.dumps({"engine_id": remote.engine_id, "block_ids": remote.block_ids})
     try:
-        async with session.post(url, data=orjson.dumps({"engine_id": engine_id, "block_ids": block_ids})) as resp:
-            body = await resp.read()
+        async with session.post(url, data=payload) as resp:
+            doc = orjson.loads(await resp.read())
             if resp.status != 200:
-                reason = orjson.loads(body).get("error", {}).get("message", body.decode(errors="replace"))
-                raise ApiError(f"KV transfer from {engine_id} at {host}:{port} failed: {reason}", status=500)
-            tokens: int = orjson.loads(body)["tokens"]
+                error = doc.get("error") if isinstance(doc, dict) else None
+                reason = error.get("message") if isinstance(error, dict) else None
+                raise ApiError(f"KV transfer from {where} failed: {reason or resp.status}", status=500)
+            tokens = doc.get("tokens") if isinstance(doc, dict) else None
+            if type(tokens) is not int:
+                raise ApiError(f"KV transfer from {where} failed: malformed side-channel reply", status=500)
             return tokens
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise ApiError(f"KV transfer from {engine_id} at {host}:{port} failed: {exc!r}", status=500) from None
+        raise ApiError(f"KV transfer from {where} failed: {exc!r}", status=500) from None

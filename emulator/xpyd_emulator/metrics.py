@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from xpyd_api import metric_names as names
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -74,40 +76,40 @@ class EngineMetrics:
             out.append(f"{name}{{{lb}}} {value}")
 
         scalar(
-            "vllm:num_requests_running",
+            names.RUNNING,
             "gauge",
             "Number of requests in model execution batches.",
             self.running,
         )
-        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", self.waiting)
-        scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage)
+        scalar(names.WAITING, "gauge", "Number of requests waiting to be processed.", self.waiting)
+        scalar(names.KV_USAGE, "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage)
         scalar(
-            "vllm:prefix_cache_queries_total",
+            names.PREFIX_QUERIES,
             "counter",
             "Prefix cache queries, in tokens.",
             self.prefix_queries,
         )
-        scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.prefix_hits)
-        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens)
-        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens.", self.generation_tokens)
-        scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.", self.preemptions)
-        scalar("xpyd_emulator_prefix_index_blocks", "gauge", "Blocks in the emulator's prefix index.",
+        scalar(names.PREFIX_HITS, "counter", "Prefix cache hits, in tokens.", self.prefix_hits)
+        scalar(names.PROMPT_TOKENS, "counter", "Number of prefill tokens processed.", self.prompt_tokens)
+        scalar(names.GENERATION_TOKENS, "counter", "Number of generation tokens.", self.generation_tokens)
+        scalar(names.PREEMPTIONS, "counter", "Cumulative number of preemptions.", self.preemptions)
+        scalar(names.EMULATOR_PREFIX_INDEX_BLOCKS, "gauge", "Blocks in the emulator's prefix index.",
                self.index_blocks)  # fmt: skip
-        out.append("# HELP vllm:request_success_total Count of successfully processed requests.")
-        out.append("# TYPE vllm:request_success_total counter")
+        out.append(f"# HELP {names.REQUEST_SUCCESS} Count of successfully processed requests.")
+        out.append(f"# TYPE {names.REQUEST_SUCCESS} counter")
         for reason, n in self.success.items():
-            out.append(f'vllm:request_success_total{{{lb},finished_reason="{reason}"}} {n}')
-        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-        out.append("# TYPE vllm:cache_config_info gauge")
+            out.append(f'{names.REQUEST_SUCCESS}{{{lb},finished_reason="{reason}"}} {n}')
+        out.append(f"# HELP {names.CACHE_CONFIG} Information of the LLMEngine CacheConfig")
+        out.append(f"# TYPE {names.CACHE_CONFIG} gauge")
         out.append(
-            f'vllm:cache_config_info{{{lb},block_size="{self.block_size}",'
+            f'{names.CACHE_CONFIG}{{{lb},block_size="{self.block_size}",'
             f'enable_prefix_caching="True",num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0'
         )
         for name, hist, help_ in (
-            ("vllm:time_to_first_token_seconds", self.ttft, "Histogram of time to first token in seconds."),
-            ("vllm:inter_token_latency_seconds", self.itl, "Histogram of inter-token latency in seconds."),
-            ("vllm:e2e_request_latency_seconds", self.e2e, "Histogram of e2e request latency in seconds."),
-            ("vllm:request_queue_time_seconds", self.queue, "Histogram of time spent in WAITING phase."),
+            (names.TTFT, self.ttft, "Histogram of time to first token in seconds."),
+            (names.ITL, self.itl, "Histogram of inter-token latency in seconds."),
+            (names.E2E, self.e2e, "Histogram of e2e request latency in seconds."),
+            (names.QUEUE_TIME, self.queue, "Histogram of time spent in WAITING phase."),
         ):
             out.append(f"# HELP {name} {help_}")
             out.append(f"# TYPE {name} histogram")

@@ -5,17 +5,26 @@ re-inserts the key at the end) and trimmed from the front in batches of 1/64 of 
 an approximate LRU that costs about 70 bytes a block (an OrderedDict costs twice that), so a
 full index of 556k DeepSeek-V3 blocks stays well under 100 MB RSS. Pinned blocks (running
 requests, leased prefill results) count against the pool; cached ones are evictable.
+
+A prompt's blocks are touched tail first, as vLLM frees a request's blocks in reverse order:
+the LRU end then holds the tails of old prompts, so eviction shortens a cached prefix instead
+of cutting its head (which would leave the rest unreachable). With `events` set, every change
+is recorded as vLLM's KV events report it: ("stored", hashes, parent, token ids) for the blocks
+a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
 """
 
 from __future__ import annotations
 
 from itertools import islice
+from typing import Any
+
+KvEvent = tuple[Any, ...]
 
 
 class BlockPool:
     """Block accounting for one engine: pinned blocks plus an LRU prefix-cache index."""
 
-    __slots__ = ("_batch", "_index", "block_size", "enabled", "evictions", "num_blocks", "pinned")
+    __slots__ = ("_batch", "_index", "block_size", "enabled", "events", "evictions", "num_blocks", "pinned")
 
     def __init__(self, num_blocks: int, block_size: int, enabled: bool = True) -> None:
         self.num_blocks = max(1, num_blocks)
@@ -23,6 +32,7 @@ class BlockPool:
         self.enabled = enabled
         self.pinned = 0
         self.evictions = 0
+        self.events: list[KvEvent] | None = None  # a list when KV events are published
         self._batch = max(1, self.num_blocks // 64)
         self._index: dict[int, None] = {}
 
@@ -42,7 +52,7 @@ class BlockPool:
         return (tokens + self.block_size - 1) // self.block_size
 
     def match(self, hashes: list[int]) -> int:
-        """Number of leading blocks of a prompt already cached; touches them (most recent)."""
+        """Number of leading blocks of a prompt already cached; touches them (most recent, head last)."""
         if not self.enabled:
             return 0
         index = self._index
@@ -50,17 +60,26 @@ class BlockPool:
         for h in hashes:
             if h not in index:
                 break
+            hits += 1
+        for h in reversed(hashes[:hits]):
             del index[h]
             index[h] = None
-            hits += 1
         return hits
 
-    def insert(self, hashes: list[int]) -> None:
-        """Record a computed prompt's blocks as cached, evicting the least recently used."""
+    def insert(self, hashes: list[int], tokens: Any = None) -> None:
+        """Record a computed prompt's blocks as cached, evicting the least recently used.
+
+        `tokens` (the prompt's token ids) only feeds the "stored" event."""
         if not self.enabled:
             return
         index = self._index
-        for h in hashes:
+        if self.events is not None:
+            first = next((i for i, h in enumerate(hashes) if h not in index), len(hashes))
+            if first < len(hashes):
+                size = self.block_size
+                ids = [] if tokens is None else tokens[first * size : len(hashes) * size]
+                self.events.append(("stored", hashes[first:], hashes[first - 1] if first else None, ids))
+        for h in reversed(hashes):
             if h in index:
                 del index[h]
             index[h] = None
@@ -70,6 +89,16 @@ class BlockPool:
             for h in victims:
                 del index[h]
             self.evictions += len(victims)
+            if self.events is not None:
+                self.events.extend(("removed", [h]) for h in victims)
+
+    def take_events(self) -> list[KvEvent]:
+        """The events recorded since the last call (empty when none or when events are off)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
 
     def try_pin(self, blocks: int) -> bool:
         """Pin `blocks` blocks if the pool has them free."""
@@ -84,3 +113,5 @@ class BlockPool:
     def reset(self) -> None:
         """Drop the whole prefix index (vLLM's /reset_prefix_cache)."""
         self._index.clear()
+        if self.events is not None:
+            self.events.append(("cleared",))

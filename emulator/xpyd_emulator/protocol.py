@@ -8,38 +8,23 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import orjson
 
-from xpyd_emulator.tokens import block_hashes_ids, block_hashes_text, count_tokens, render_chat
+from xpyd_emulator.errors import ApiError
+from xpyd_emulator.peers import Bootstrap, bootstrap_fields
+from xpyd_emulator.tokens import Ids, chain_hashes, render_chat, token_ids
+
+__all__ = ["DONE", "ApiError", "ParsedRequest", "SseFormat", "full_response", "parse_request", "usage"]
 
 _ID_PREFIX = os.urandom(8).hex()
 _ID_COUNTER = itertools.count()
+MAX_TOKEN_ID = 1 << 31
 
 
 def request_id(chat: bool) -> str:
     """A unique id like vLLM's 32 hex digits: a random per-process prefix and a counter."""
     return f"{'chatcmpl-' if chat else 'cmpl-'}{_ID_PREFIX}{next(_ID_COUNTER):016x}"
-
-
-class ApiError(Exception):
-    """An OpenAI-style error: rendered as {"error": {message, type, param, code}} with `status`."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-
-    @property
-    def type(self) -> str:
-        return {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
-            self.status, "InternalServerError"
-        )
-
-    def body(self) -> bytes:
-        return orjson.dumps(
-            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
-        )
 
 
 @dataclass(slots=True)
@@ -57,7 +42,14 @@ class ParsedRequest:
     kv_transfer_params: dict[str, Any] | None
     request_id: str
     created: int
-    bootstrap: tuple[str, int, int] | None = None  # SGLang (host, port, room)
+    bootstrap: Bootstrap | None = None  # SGLang bootstrap_host/port/room
+    tokens: Ids | None = None  # the prompt's token ids (with prefix caching on), for KV events
+
+
+def _show(value: object) -> str:
+    """A value for an error message, cut short (a client may send megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _int_param(body: dict[str, Any], *names: str) -> int | None:
@@ -66,7 +58,7 @@ def _int_param(body: dict[str, Any], *names: str) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ApiError(f"{name} must be an integer, got {value!r}", param=name)
+            raise ApiError(f"{name} must be an integer, got {_show(value)}", param=name)
         if value < 1:
             raise ApiError(f"{name} must be at least 1, got {value}.", param=name)
         return value
@@ -79,10 +71,10 @@ def _check_sampling(body: dict[str, Any]) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-            raise ApiError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}.", param=name)
+            raise ApiError(f"{name} must be a number in [{low:g}, {high:g}], got {_show(value)}.", param=name)
     n = body.get("n")
     if n is not None and n != 1:
-        raise ApiError(f"n must be 1 in the emulator, got {n!r}.", param="n")
+        raise ApiError(f"n must be 1 in the emulator, got {_show(n)}.", param="n")
 
 
 def _chat_text(messages: Any) -> str:
@@ -104,29 +96,21 @@ def _chat_text(messages: Any) -> str:
     return render_chat(clean)
 
 
-def _prompt(body: dict[str, Any], block_size: int, hash_blocks: bool) -> tuple[int, list[int]]:
+def _prompt(body: dict[str, Any]) -> Ids:
     prompt = body.get("prompt")
     if type(prompt) is str:  # the common case first
-        return (len(prompt) + 3) // 4, block_hashes_text(prompt, block_size) if hash_blocks else []
+        return token_ids(prompt)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return count_tokens(prompt), block_hashes_text(prompt, block_size) if hash_blocks else []
+        return token_ids(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return len(prompt), block_hashes_ids(prompt, block_size) if hash_blocks else []
+        if any(not 0 <= t < MAX_TOKEN_ID for t in prompt):
+            raise ApiError(f"token ids must be in [0, {MAX_TOKEN_ID}).", param="prompt")
+        return np.asarray(prompt, dtype=np.int64)
     if prompt is None:
         raise ApiError("prompt is required.", param="prompt")
     raise ApiError("prompt must be a string, a list of token ids, or a list of one of those.", param="prompt")
-
-
-def bootstrap_params(body: dict[str, Any]) -> tuple[str, int, int] | None:
-    """(host, port, room) of an SGLang disaggregated request, None if it has none."""
-    host, port, room = body.get("bootstrap_host"), body.get("bootstrap_port"), body.get("bootstrap_room")
-    if host is None and room is None:
-        return None
-    if not isinstance(host, str) or type(port) is not int or type(room) is not int:
-        raise ApiError("bootstrap_host (string), bootstrap_port and bootstrap_room (ints) go together.")
-    return host, port, room
 
 
 def parse_request(
@@ -138,6 +122,7 @@ def parse_request(
     block_size: int,
     hash_blocks: bool,
     default_output_tokens: int,
+    sglang: bool = False,
 ) -> ParsedRequest:
     """Validate a request body; raises ApiError (400 bad input, 404 unknown model)."""
     try:
@@ -147,13 +132,15 @@ def parse_request(
     if not isinstance(body, dict):
         raise ApiError("request body must be a JSON object.")
     model = body.get("model") or served[0]
+    if not isinstance(model, str):
+        raise ApiError(f"model must be a string, got {type(model).__name__}.", param="model")
     if model not in served:
-        raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
+        raise ApiError(f"The model `{model[:100]}` does not exist.", status=404, param="model")
     if "temperature" in body or "top_p" in body or "n" in body:
         _check_sampling(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise ApiError(f"stream must be a boolean, got {stream!r}.", param="stream")
+        raise ApiError(f"stream must be a boolean, got {_show(stream)}.", param="stream")
     options = body.get("stream_options")
     if options is not None and not stream:
         raise ApiError("Stream options can only be defined when `stream=True`.", param="stream_options")
@@ -162,12 +149,9 @@ def parse_request(
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise ApiError("kv_transfer_params must be an object.", param="kv_transfer_params")
-    if chat:
-        text = _chat_text(body.get("messages"))
-        n_prompt = count_tokens(text)
-        hashes = block_hashes_text(text, block_size) if hash_blocks else []
-    else:
-        n_prompt, hashes = _prompt(body, block_size, hash_blocks)
+    ids = token_ids(_chat_text(body.get("messages"))) if chat else _prompt(body)
+    n_prompt = len(ids)
+    hashes = chain_hashes(ids, block_size) if hash_blocks else []
     if n_prompt == 0:
         raise ApiError("The prompt cannot be empty.", param="prompt")
     asked = body.get("max_tokens")
@@ -196,7 +180,8 @@ def parse_request(
         kv_transfer_params=kv,
         request_id=request_id(chat),
         created=int(time.time()),
-        bootstrap=bootstrap_params(body) if "bootstrap_room" in body or "bootstrap_host" in body else None,
+        bootstrap=bootstrap_fields(body) if sglang else None,
+        tokens=ids if hash_blocks else None,
     )
 
 

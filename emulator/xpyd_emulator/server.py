@@ -1,4 +1,12 @@
-"""The aiohttp app: vLLM's OpenAI routes, /health and /metrics, and a graceful SIGTERM shutdown."""
+"""The aiohttp app (vLLM's OpenAI routes, /health, /metrics) and the process's life: serve, then drain.
+
+On SIGTERM (or `stop`) /health turns 503 at once, so the router and the kubelet stop sending;
+new requests get 503, except decode hops whose KV a prefill already holds for this worker.
+Running requests finish, a prefill keeps its leased KV (and SGLang rooms) until the decodes have
+pulled them or the leases expire, a decode finishes every pull already under way, then the
+process exits: after `--drain-timeout` seconds at most (default 25, under Kubernetes' 30 s
+terminationGracePeriodSeconds), or at once on a second signal.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +21,23 @@ from aiohttp import web
 from xpyd_emulator.bootstrap import bootstrap_app
 from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.engine import Sequence
+from xpyd_emulator.errors import ApiError
+from xpyd_emulator.httpguard import GuardedSite, guard_middleware, json_error, read_body
 from xpyd_emulator.kvtransfer import side_channel_app
-from xpyd_emulator.protocol import (
-    DONE,
-    ApiError,
-    ParsedRequest,
-    SseFormat,
-    full_response,
-    parse_request,
-    usage,
-)
+from xpyd_emulator.peers import SGLANG_BOOTSTRAP_PORT
+from xpyd_emulator.protocol import DONE, ParsedRequest, SseFormat, full_response, parse_request, usage
 from xpyd_emulator.tokens import filler
 from xpyd_emulator.worker import Worker
 
 log = logging.getLogger("xpyd.emulator")
 WORKER: web.AppKey[Worker] = web.AppKey("worker", Worker)
 _JSON = "application/json"
-SGLANG_BOOTSTRAP_PORT = 8998
 # Tokens of steps shorter than this (high --speedup) are coalesced into one write, as vLLM's
 # --stream-interval does; a stream's first token is always written at once.
 FLUSH_SECONDS = 0.001
-
-
-def _error(exc: ApiError) -> web.Response:
-    return web.Response(status=exc.status, body=exc.body(), content_type=_JSON)
+ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET",
+          "/ping": "GET", "/version": "GET", "/metrics": "GET", "/reset_prefix_cache": "POST"}  # fmt: skip
+ENGINE_STOPPED = "the engine stopped before this request finished; see the worker's log."
 
 
 async def _wait(seq: Sequence) -> None:
@@ -69,6 +70,11 @@ async def _stream(request: web.Request, req: ParsedRequest, seq: Sequence) -> we
             await resp.write(b"".join(out))
             out = []
             flushed = loop.time()
+    if seq.aborted:  # the engine failed under us: vLLM's SSE error event, then [DONE]
+        out.append(b"data: " + ApiError(ENGINE_STOPPED, 500).body() + b"\n\n" + DONE)
+        await resp.write(b"".join(out))
+        await resp.write_eof()
+        return resp
     if req.include_usage:
         out.append(fmt.usage(usage(seq.prompt, seq.generated, seq.cached)))
     out.append(DONE)
@@ -82,30 +88,31 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     worker = request.app[WORKER]
     cfg = worker.cfg
     seq: Sequence | None = None
+    delivered = False
     worker.inflight += 1
     try:
         req = parse_request(
-            await request.read(), chat=chat, served=cfg.served_model_names,
+            await read_body(request, worker.limits), chat=chat, served=cfg.served_model_names,
             max_model_len=worker.max_model_len, block_size=cfg.block_size,
-            hash_blocks=cfg.enable_prefix_caching,
-            default_output_tokens=cfg.default_output_tokens,
+            hash_blocks=cfg.enable_prefix_caching, default_output_tokens=cfg.default_output_tokens,
+            sglang=worker.sglang,
         )  # fmt: skip
         seq = await worker.admit(req)
         if req.stream:
-            return await _stream(request, req, seq)
+            stream = await _stream(request, req, seq)
+            delivered = True
+            return stream
         await _wait(seq)
+        if seq.aborted:
+            raise ApiError(ENGINE_STOPPED, 500)
         use = usage(seq.prompt, seq.generated, seq.cached)
-        body = full_response(req, filler(0, seq.generated), req.finish_reason, use, worker.kv_params(req, seq))
+        body = full_response(req, filler(0, seq.generated), req.finish_reason, use, worker.kv_params(seq))
         worker.metrics.success[req.finish_reason] += 1
+        delivered = True
         return web.Response(body=body, content_type=_JSON)
-    except ApiError as exc:
-        return _error(exc)
-    except (asyncio.CancelledError, ConnectionResetError):
-        if seq is not None:
-            worker.engine.abort(seq)
-        raise
     finally:
         worker.inflight -= 1
+        worker.finish(seq, delivered)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -127,7 +134,9 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    """200 when the engine takes traffic; 503 once draining (SIGTERM) or when the engine is wedged."""
+    problem = request.app[WORKER].problem()
+    return json_error(ApiError(problem, 503)) if problem else web.Response(status=200)
 
 
 async def version(request: web.Request) -> web.Response:
@@ -136,23 +145,28 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
-    worker.metrics.kv_usage = worker.pool.usage
+    worker.engine.gauges()
     worker.metrics.index_blocks = len(worker.pool)
     return web.Response(text=worker.metrics.render(), content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})  # fmt: skip
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    request.app[WORKER].pool.reset()
+    worker = request.app[WORKER]
+    worker.pool.reset()
+    worker.engine.flush_events()  # AllBlocksCleared, as vLLM reports a reset
     return web.Response(status=200)
 
 
 async def not_found(request: web.Request) -> web.Response:
-    return _error(ApiError(f"no route {request.method} {request.path}", status=404))
+    method = ROUTES.get(request.path)
+    if method is not None:
+        raise ApiError(f"{request.method} is not allowed on {request.path[:100]}; use {method}.", status=405)
+    raise ApiError(f"no route {request.method} {request.path[:100]}", status=404)
 
 
 def build_app(worker: Worker) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=worker.limits.max_body_bytes, middlewares=[guard_middleware])
     app[WORKER] = worker
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -166,39 +180,67 @@ def build_app(worker: Worker) -> web.Application:
     return app
 
 
-async def serve(cfg: EmulatorConfig, stop: asyncio.Event | None = None, drain_seconds: float = 30.0) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop` is set); then stop accepting, finish in-flight, exit."""
-    stop = stop or asyncio.Event()
+SHUTDOWN_SECONDS = 2.0  # after the drain: how long aiohttp waits for handlers still running
+
+
+async def _drain(worker: Worker, seconds: float, force: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
+    worker.draining = True
+    deadline = loop.time() + seconds
+    log.info("draining: %d requests in flight, %d KV leases and %d rooms not yet pulled; exiting within %g s",
+             worker.inflight, len(worker.leases), worker.rooms.published(), seconds)  # fmt: skip
+    while worker.busy() and loop.time() < deadline and not force.is_set():  # noqa: ASYNC110 - counts, not events
+        await asyncio.sleep(0.02)
+    if worker.busy():
+        log.warning("drain cut short: %d requests, %d KV leases and %d rooms left", worker.inflight,
+                    len(worker.leases), worker.rooms.published())  # fmt: skip
+
+
+async def serve(
+    cfg: EmulatorConfig,
+    stop: asyncio.Event | None = None,
+    drain_seconds: float | None = None,
+    *,
+    worker: Worker | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop` is set), then drain (see the module doc) and return."""
+    stop = stop or asyncio.Event()
+    force = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            force.set()
+        stop.set()
+
     with contextlib.suppress(NotImplementedError, RuntimeError):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-    worker = Worker(cfg)
+            loop.add_signal_handler(sig, on_signal)
+    worker = worker or Worker(cfg)
     await worker.start()
-    # handler_cancellation: a client that disconnects cancels its handler, which aborts the request in the
-    # engine (as vLLM aborts on disconnect); without it abandoned requests would keep the GPU busy.
-    runners = [web.AppRunner(build_app(worker), access_log=None, handler_cancellation=True)]
-    addresses = [(cfg.host, cfg.port)]
+    apps = [(build_app(worker), cfg.host, cfg.port)]
     if worker.connector:
-        runners.append(web.AppRunner(side_channel_app(worker.leases), access_log=None))
-        addresses.append((cfg.side_channel_host, cfg.side_channel_port))
+        side = side_channel_app(worker.leases, worker.peers, cfg.body_timeout)
+        apps.append((side, cfg.side_channel_host, cfg.side_channel_port))
     if worker.bootstrap_server:
-        runners.append(web.AppRunner(bootstrap_app(worker.rooms), access_log=None))
-        addresses.append((cfg.host, cfg.bootstrap_port or SGLANG_BOOTSTRAP_PORT))
-    sites: list[web.TCPSite] = []
+        apps.append((bootstrap_app(worker.rooms, worker.peers), cfg.host, cfg.bootstrap_port or SGLANG_BOOTSTRAP_PORT))
+    runners: list[web.AppRunner] = []
     try:
-        for runner, (host, port) in zip(runners, addresses, strict=True):
+        for app, host, port in apps:
+            if guard_middleware not in app.middlewares:
+                app.middlewares.append(guard_middleware)
+            runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_SECONDS)
             await runner.setup()
-            sites.append(web.TCPSite(runner, host, port, backlog=2048, reuse_address=True))
-            await sites[-1].start()
-        log.info("emulating %s (%s x%d, %d KV blocks) on %s:%d", cfg.model, worker.gpu.name, cfg.tp,
-                 worker.pool.num_blocks, cfg.host, cfg.port)  # fmt: skip
+            runners.append(runner)
+            await GuardedSite(runner, host, port, worker.limits).start()
+        log.info("emulating %s (%s x%d, %d KV blocks) on %s:%d; KV peers %s", cfg.model, worker.gpu.name, cfg.tp,
+                 worker.pool.num_blocks, cfg.host, cfg.port, worker.peers.describe())  # fmt: skip
         await stop.wait()
-        await sites[0].stop()  # stop accepting; in-flight requests (and KV pulls) go on
-        deadline = loop.time() + drain_seconds
-        while worker.inflight > 0 and loop.time() < deadline:  # noqa: ASYNC110 - a count, not an event
-            await asyncio.sleep(0.02)
+        await _drain(worker, cfg.drain_seconds if drain_seconds is None else drain_seconds, force)
     finally:
-        for runner in runners:
+        for runner in reversed(runners):
             await runner.cleanup()
         await worker.stop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)

@@ -1,17 +1,33 @@
 """Cheap deterministic tokenization (4 characters per token), chained block hashes and filler text.
 
-The emulator never needs real token ids: a token is 4 characters of the prompt text (or one id
-of a token-id prompt), a KV block is `block_size` consecutive tokens, and a block's hash chains
-the previous block's hash with the block's own text, as vLLM's prefix cache does with token ids.
+The emulator has no real tokenizer: a token is 4 characters of the prompt text (or one id of a
+token-id prompt) and its id is a fixed mix of those 4 code points below VOCAB, so the same text
+gives the same ids in every process (the router computes them too, to line its block keys up
+with the engine's blocks). A KV block is `block_size` consecutive tokens; its hash chains the
+previous block's hash with the block's token ids, as vLLM's prefix cache does. The chain's seed
+is random per process unless PYTHONHASHSEED is set, as vLLM's NONE_HASH is.
 """
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 CHARS_PER_TOKEN = 4
+VOCAB = 1 << 17  # ids stay below a real vocabulary's size (Llama 3: 128,256)
+MASK64 = (1 << 64) - 1
 _FILLER_WORDS = (" the", " cat", " sat", " on ", "the ", "mat.")
 _FILLER = "".join(_FILLER_WORDS) * 64
+_CHAR_KEYS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], np.uint64)
+_SLOT_KEYS = np.random.default_rng(0xB10C).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
+_SEED_TEXT = os.environ.get("PYTHONHASHSEED")
+NONE_HASH = hash(("xpyd-none-hash", int(_SEED_TEXT))) & MASK64 if _SEED_TEXT else random.getrandbits(64)
+
+Ids = npt.NDArray[np.int64]
 
 
 def count_tokens(text: str) -> int:
@@ -19,31 +35,49 @@ def count_tokens(text: str) -> int:
     return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
-def block_hashes_text(text: str, block_size: int, limit: int | None = None) -> list[int]:
-    """Chained hashes of the full `block_size`-token blocks of a text prompt (at most `limit`)."""
-    width = block_size * CHARS_PER_TOKEN
-    full = len(text) // width
+def token_ids(text: str) -> Ids:
+    """The text's token ids: each started group of 4 code points mixed into [0, VOCAB)."""
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
+    n = count_tokens(text)
+    if len(codes) < n * CHARS_PER_TOKEN:  # the last token is shorter: pad it with code point 0
+        codes = np.concatenate([codes, np.zeros(n * CHARS_PER_TOKEN - len(codes), dtype=np.uint64)])
+    groups = codes.reshape(n, CHARS_PER_TOKEN)
+    with np.errstate(over="ignore"):
+        mixed = groups[:, 0] * _CHAR_KEYS[0] + groups[:, 1] * _CHAR_KEYS[1]
+        mixed += groups[:, 2] * _CHAR_KEYS[2] + groups[:, 3] * _CHAR_KEYS[3]
+        mixed ^= mixed >> np.uint64(29)
+    ids: Ids = (mixed & np.uint64(VOCAB - 1)).astype(np.int64)
+    return ids
+
+
+def chain_hashes(ids: Ids, block_size: int, limit: int | None = None, seed: int = NONE_HASH) -> list[int]:
+    """Chained 64-bit hashes of the full `block_size`-token blocks of `ids` (at most `limit`)."""
+    full = len(ids) // block_size
     if limit is not None:
         full = min(full, limit)
+    if full == 0:
+        return []
+    blocks = ids[: full * block_size].astype(np.uint64).reshape(full, block_size)
+    with np.errstate(over="ignore"):
+        mixed = blocks * _SLOT_KEYS[:block_size]
+        mixed ^= mixed >> np.uint64(31)
+        digests: list[int] = mixed.sum(axis=1, dtype=np.uint64).tolist()
     hashes = []
-    h = 0
-    for i in range(full):
-        h = hash((h, text[i * width : (i + 1) * width]))
+    h = seed
+    for d in digests:
+        h = hash((h, d)) & MASK64
         hashes.append(h)
     return hashes
+
+
+def block_hashes_text(text: str, block_size: int, limit: int | None = None) -> list[int]:
+    """Chained hashes of the full `block_size`-token blocks of a text prompt (at most `limit`)."""
+    return chain_hashes(token_ids(text), block_size, limit)
 
 
 def block_hashes_ids(ids: Sequence[int], block_size: int, limit: int | None = None) -> list[int]:
     """Chained hashes of the full blocks of a token-id prompt."""
-    full = len(ids) // block_size
-    if limit is not None:
-        full = min(full, limit)
-    hashes = []
-    h = 0
-    for i in range(full):
-        h = hash((h, tuple(ids[i * block_size : (i + 1) * block_size])))
-        hashes.append(h)
-    return hashes
+    return chain_hashes(np.asarray(ids, dtype=np.int64), block_size, limit)
 
 
 def filler(start: int, count: int) -> str:

@@ -1,4 +1,4 @@
-"""One emulated vLLM engine: model and GPU from the catalog, block pool, engine loop, KV leases."""
+"""One emulated vLLM engine: model and GPU from the catalog, block pool, engine loop, KV leases, health."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -14,10 +13,14 @@ import aiohttp
 from xpyd_emulator.bootstrap import RoomTable, wait_room
 from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.engine import Engine, Sequence
+from xpyd_emulator.errors import ApiError
+from xpyd_emulator.httpguard import Limits, connection_cap
+from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.kvtransfer import LeaseTable, pull_blocks
 from xpyd_emulator.metrics import EngineMetrics
+from xpyd_emulator.peers import PeerPolicy, RemoteKv, check_peer, nixl_flags, nixl_remote
 from xpyd_emulator.prefix_cache import BlockPool
-from xpyd_emulator.protocol import ApiError, ParsedRequest
+from xpyd_emulator.protocol import ParsedRequest
 from xpyd_perf import (
     UnknownModelError,
     handoff_lanes,
@@ -60,37 +63,84 @@ class Worker:
             max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
         )  # fmt: skip
         self.engine_id = str(uuid.uuid4())
+        self.peers = PeerPolicy.parse(cfg.kv_peers) if cfg.kv_peers else PeerPolicy.around(cfg.side_channel_host)
         self.leases = LeaseTable(self.pool, self.engine_id, cfg.kv_lease_seconds)
         self.rooms = RoomTable(cfg.kv_lease_seconds)
-        self.bootstrap_server = cfg.engine == "sglang" and cfg.disaggregation_mode == "prefill"
+        self.sglang = cfg.engine == "sglang"
+        self.bootstrap_server = self.sglang and cfg.disaggregation_mode == "prefill"
         self.connector = cfg.kv_transfer_config is not None
+        self.recompute_failed_loads = bool(
+            cfg.kv_transfer_config and cfg.kv_transfer_config.get("kv_load_failure_policy") == "recompute"
+        )
+        # No progress for this long with work queued means the engine is wedged: leases expire
+        # well before, so blocks pinned longer than that are never coming back.
+        self.wedge_seconds = cfg.kv_lease_seconds + 30.0
+        self.limits = Limits(cfg.header_timeout, cfg.body_timeout, cfg.max_body_bytes,
+                             connection_cap(cfg.max_connections))  # fmt: skip
+        self.draining = False
         self.inflight = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self.kv_events: ZmqPublisher | None = None
 
     async def start(self) -> None:
+        events = self.cfg.kv_events
+        if events is not None and self.cfg.enable_prefix_caching:  # binds its ports first: may raise OSError
+            self.kv_events = ZmqPublisher(events, self.cfg.host, self.cfg.block_size, per_page=self.sglang)
+            self.pool.events = []
+            self.engine.on_events = self.kv_events.publish
         self._tasks = [
-            asyncio.create_task(self.engine.run()),
-            asyncio.create_task(self._expire_forever()),
+            asyncio.create_task(self.engine.run(), name="engine"),
+            asyncio.create_task(self._expire_forever(), name="lease-expiry"),
         ]
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        for task in self._tasks:
+            task.add_done_callback(self._task_ended)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10, sock_connect=3))
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and not self._tasks:
+            return  # stop() cancelled it
+        exc = None if task.cancelled() else task.exception()
+        log.error("the %s loop stopped (%r); /health now answers 503", task.get_name(), exc)
+        self.engine.fail_all()
 
     async def _expire_forever(self, period: float = 1.0) -> None:
         """Frees expired KV leases (NIXL) and bootstrap rooms (SGLang) once per period."""
         loop = asyncio.get_running_loop()
+        period = min(period, self.cfg.kv_lease_seconds / 4)
         while True:
             await asyncio.sleep(period)
             self.leases.expire(loop.time())
             self.rooms.expire(loop.time())
+            self.engine.gauges()
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._session is not None:
             await self._session.close()
+        if self.kv_events is not None:
+            self.engine.on_events = None
+            await asyncio.to_thread(self.kv_events.shutdown)
+            self.kv_events = None
+
+    def problem(self) -> str | None:
+        """Why this engine should not get traffic (None when healthy): draining, or wedged."""
+        if self.draining:
+            return "draining: this worker is shutting down"
+        if any(task.done() for task in self._tasks):
+            return "engine loop stopped"
+        if self.engine.stalled(asyncio.get_running_loop().time(), self.wedge_seconds):
+            return f"engine wedged: no step for {self.wedge_seconds:g} s with requests queued"
+        return None
+
+    def busy(self) -> bool:
+        """Something a draining worker must still finish: requests, leases or rooms not yet pulled."""
+        return self.inflight > 0 or len(self.leases) > 0 or self.rooms.published() > 0
 
     async def admit(self, req: ParsedRequest) -> Sequence:
         """Start a request: fetch remote KV first for a disaggregated decode, then schedule it."""
@@ -98,22 +148,49 @@ class Worker:
         if req.prompt_tokens + req.max_tokens > self.pool.num_blocks * self.pool.block_size:
             raise ApiError(f"request needs more KV blocks than this engine has ({self.pool.num_blocks}).")
         kv = req.kv_transfer_params if self.connector else None
-        mode = self.cfg.disaggregation_mode if self.cfg.engine == "sglang" else None
-        if kv and kv.get("do_remote_prefill"):
-            seq = await self._remote_prefill(req, kv, now)
-        elif mode == "decode" and req.bootstrap:
-            seq = await self._remote_prefill(req, None, now)
+        remote_prefill, remote_decode = nixl_flags(kv) if kv else (False, False)
+        remote = nixl_remote(kv, self.pool.num_blocks, self.peers) if kv and remote_prefill else None
+        mode = self.cfg.disaggregation_mode if self.sglang else None
+        if req.bootstrap is not None and mode == "decode":
+            check_peer(self.peers, req.bootstrap.host, "bootstrap_host")
+        decode_hop = remote is not None or (mode == "decode" and req.bootstrap is not None)
+        problem = self.problem()
+        if problem and not (decode_hop and self.draining):  # a draining decode still takes promised KV
+            raise ApiError(f"worker unavailable ({problem}); retry on another replica.", status=503)
+        if decode_hop:
+            seq = await self._remote_prefill(req, remote, now)
         else:
-            hold = bool(kv and kv.get("do_remote_decode"))
+            # vLLM leases a prefill's blocks only when it stops at max_tokens (FINISHED_LENGTH_CAPPED).
+            hold = remote_decode and req.finish_reason == "length"
             seq = Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, hold=hold, streamed=req.stream)
-            if mode == "prefill" and req.bootstrap:
+            if hold:
+                seq.on_done = lambda: self._lease(seq)
+            if mode == "prefill" and req.bootstrap is not None:
+                room = req.bootstrap.room
                 seq.max_tokens = 1
-                seq.on_done = partial(self._publish_room, req.bootstrap[2], seq)
+                seq.on_done = lambda: self._publish_room(room, seq)
+        seq.tokens = req.tokens
         if self.cfg.zero_delay:
             self.engine.instant(seq, now)
         else:
             self.engine.submit(seq)
         return seq
+
+    def _lease(self, seq: Sequence) -> None:
+        """The finished prefill's blocks move under an expiring lease (streamed or not)."""
+        if seq.blocks > 0:
+            seq.lease = self.leases.grant(seq.blocks, seq.prompt, asyncio.get_running_loop().time())[0]
+            seq.blocks = 0
+
+    def finish(self, seq: Sequence | None, delivered: bool) -> None:
+        """A handler is done with `seq`: abort it if unfinished, free a lease nobody will ever read."""
+        if seq is None:
+            return
+        if not seq.done:
+            self.engine.abort(seq)
+        elif seq.lease is not None and not delivered and not seq.streamed:
+            self.leases.drop(seq.lease)
+            seq.lease = None
 
     def _placement(self) -> dict[str, Any]:
         return {"tp_size": self.cfg.tp, "xpyd_nvlink_domain": self.cfg.nvlink_domain,
@@ -123,24 +200,41 @@ class Worker:
         info = dict(self._placement(), tokens=seq.prompt)
         self.rooms.publish(room, info, asyncio.get_running_loop().time())
 
-    async def _remote_prefill(self, req: ParsedRequest, kv: dict[str, Any] | None, now: float) -> Sequence:
-        """Fetch the prompt's KV from its prefill worker (Nixl pull or SGLang room), model the handoff."""
+    async def _fetch(self, req: ParsedRequest, remote: RemoteKv | None) -> dict[str, Any] | None:
+        """Pull the prompt's KV (Nixl) or wait for its room (SGLang); None: load failed, recompute."""
         assert self._session is not None
+        self.engine.pulling += 1
+        self.engine.gauges()
+        try:
+            if remote is not None:
+                await pull_blocks(self._session, remote)
+                return {"tp_size": remote.tp_size, "xpyd_nvlink_domain": remote.nvlink_domain,
+                        "xpyd_node_name": remote.node_name}  # fmt: skip
+            assert req.bootstrap is not None
+            return await wait_room(self._session, req.bootstrap, self.cfg.kv_lease_seconds)
+        except ApiError as exc:
+            if not self.recompute_failed_loads:
+                log.warning("%s", exc.message)
+                raise
+            log.warning("%s; recomputing the prompt (kv_load_failure_policy=recompute)", exc.message)
+            return None
+        finally:
+            self.engine.pulling -= 1
+            self.engine.gauges()
+
+    async def _remote_prefill(self, req: ParsedRequest, remote: RemoteKv | None, now: float) -> Sequence:
+        """Fetch the prompt's KV from its prefill worker (Nixl pull or SGLang room), model the handoff."""
+        info = await self._fetch(req, remote)
+        if info is None:
+            return Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, streamed=req.stream)
         hits = self.pool.match(req.hashes)
         local = min(hits * self.pool.block_size, req.prompt_tokens - 1)
-        if kv is not None:
-            await pull_blocks(self._session, kv)
-            remote = kv
-        else:
-            assert req.bootstrap is not None
-            host, port, room = req.bootstrap
-            remote = await wait_room(self._session, host, port, room, self.cfg.kv_lease_seconds)
-        domain = remote.get("xpyd_nvlink_domain")
-        same_node = bool(self.cfg.node_name) and remote.get("xpyd_node_name") == self.cfg.node_name
+        domain = info.get("xpyd_nvlink_domain")
+        same_node = bool(self.cfg.node_name) and info.get("xpyd_node_name") == self.cfg.node_name
         path = "NVLink" if same_node else path_between(domain if isinstance(domain, str) else None,
                                                        self.cfg.nvlink_domain)  # fmt: skip
-        remote_tp = remote.get("tp_size")
-        prefill_tp = remote_tp if isinstance(remote_tp, int) else self.cfg.tp
+        remote_tp = info.get("tp_size")
+        prefill_tp = remote_tp if type(remote_tp) is int and remote_tp > 0 else self.cfg.tp
         lanes = handoff_lanes(self.spec, prefill_tp, self.cfg.tp, self.cfg.dp_attention)
         seconds = handoff_seconds(kv_bytes(self.spec, req.prompt_tokens - local), path, self.gpu, lanes)
         if not self.cfg.zero_delay:
@@ -153,16 +247,16 @@ class Worker:
         seq.cached = local
         return seq
 
-    def kv_params(self, req: ParsedRequest, seq: Sequence) -> dict[str, Any] | None:
-        """The kv_transfer_params a remote-decode prefill returns (its blocks now under a lease)."""
-        if not seq.hold:
+    def kv_params(self, seq: Sequence) -> dict[str, Any] | None:
+        """The kv_transfer_params a remote-decode prefill returns (its blocks already under a lease)."""
+        if seq.lease is None:
             return None
-        ids = self.leases.grant(seq.blocks, seq.prompt, asyncio.get_running_loop().time())
+        blocks = self.pool.blocks_for(seq.prompt)
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self.engine_id,
-            "remote_block_ids": ids,
+            "remote_block_ids": list(range(seq.lease, seq.lease + blocks)),
             "remote_host": self.cfg.side_channel_host,
             "remote_port": self.cfg.side_channel_port,
             **self._placement(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterable
 from typing import Final
 
@@ -19,8 +20,13 @@ AUTOSCALER_HEALTHY: Final = "AutoscalerHealthy"  # written by the autoscaler, ne
 RECONCILER_TYPES: Final = (READY, PROGRESSING, TOPOLOGY_SATISFIED, DISAGGREGATION_WORTHWHILE, COMPUTE_DOMAIN)
 
 
+def rfc3339(t: float) -> str:
+    """A Kubernetes timestamp (seconds, UTC, Z) for a Unix time."""
+    return dt.datetime.fromtimestamp(t, dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 def make(

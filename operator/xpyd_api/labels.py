@@ -1,8 +1,13 @@
-"""Label, annotation and topology keys: the one place every component reads them from."""
+"""Label, annotation, environment and port names: the one place every component reads them from."""
 
 from __future__ import annotations
 
 from typing import Final, Literal
+
+from xpyd_perf.topology import ARCH as ARCH
+from xpyd_perf.topology import GPU_CLIQUE as GPU_CLIQUE
+from xpyd_perf.topology import GPU_COUNT as GPU_COUNT
+from xpyd_perf.topology import GPU_PRODUCT as GPU_PRODUCT
 
 GROUP: Final = "xpyd.io"
 VERSION: Final = "v1alpha1"
@@ -19,17 +24,10 @@ MANAGER: Final = "xpyd-operator"  # also the server-side-apply field manager
 Role = Literal["prefill", "decode", "worker", "router"]
 ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "worker", "router")
 
-# Node labels from NVIDIA GPU Feature Discovery (DESIGN.md section 4).
-GPU_PRODUCT: Final = "nvidia.com/gpu.product"
-GPU_COUNT: Final = "nvidia.com/gpu.count"
-GPU_CLIQUE: Final = "nvidia.com/gpu.clique"
+# Node labels from NVIDIA GPU Feature Discovery (DESIGN.md section 4) live with the topology table
+# (xpyd_perf.topology), which says which values each kind of node carries; re-exported here.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 HOSTNAME: Final = "kubernetes.io/hostname"
-ARCH: Final = "kubernetes.io/arch"
-
-PRODUCT_B200: Final = "NVIDIA-B200"
-PRODUCT_GB200: Final = "NVIDIA-GB200"
-PRODUCT_H100: Final = "NVIDIA-H100-80GB-HBM3"
 
 # Environment a worker pod gets so it knows its NVLink domain (node name on HGX,
 # clique id on NVL72); the emulator uses it to model the KV handoff path.
@@ -43,18 +41,27 @@ def nvlink_domain(node_name: str, node_labels: dict[str, str]) -> str:
     return node_labels.get(GPU_CLIQUE) or node_name
 
 
-# --- appended by the operator (issue 4) ---
 # Pod label with the NVLink domain the operator pinned the pod to (an NVL72 clique). Pods without
 # it: on HGX the domain is the pod's node (pod.spec.nodeName), elsewhere unknown.
 NVLINK_DOMAIN_LABEL: Final = "xpyd.io/nvlink-domain"
+ENGINE_REV: Final = "xpyd.io/engine-rev"  # pod label: hash of engine image + KV connector; the router pairs equal ones
 APPLIED_HASH: Final = "xpyd.io/applied-hash"  # annotation: hash of the manifest the operator last applied
 APP_NAME: Final = "app.kubernetes.io/name"
 ENV_ROLE: Final = "XPYD_ROLE"
 ENV_DEPLOYMENT: Final = "XPYD_DEPLOYMENT"
 ENV_ROUTER_POLICY: Final = "XPYD_ROUTER_POLICY"  # kv-aware | least-loaded | round-robin
+ENV_ROUTER_API_KEY: Final = "XPYD_ROUTER_API_KEY"  # the router's bearer key, from spec.router.apiKeySecret
 ENV_NIXL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 ENV_NIXL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+
+# Ports every component agrees on.
 ENGINE_PORT: Final = 8000
-NIXL_PORT: Final = 5600
+NIXL_PORT: Final = 5600  # vLLM's NIXL side channel
+SGLANG_BOOTSTRAP_PORT: Final = 8998  # SGLang's prefill bootstrap server
+KV_EVENTS_PORT: Final = 5557  # the engine's KV-cache event publisher (ZMQ PUB; vLLM's default)
+KV_REPLAY_PORT: Final = 5657  # its replay socket (ZMQ ROUTER); +100 so data-parallel ranks (port + rank) never clash
+KV_EVENTS_PORT_NAME: Final = "kv-events"  # container port names the router's discovery looks for
+KV_REPLAY_PORT_NAME: Final = "kv-replay"
+KV_EVENTS_TOPIC: Final = "kv-events"
 ROUTER_PORT: Final = 8000
 OWN_IMAGE: Final = "ghcr.io/xpyd/xpyd"

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from xpyd_api.rules import POOL_RULES, ROOT_RULES, SPEC_RULES, check_pool, check_spec
+from xpyd_api.apibase import QUANTITY, ApiModel
+from xpyd_api.podmodels import (
+    ModelCache,
+    NetworkSpec,
+    SchedulingSpec,
+    SecretKeySelector,
+    checked_patch,
+    template_patch_field,
+)
+from xpyd_api.rules import (
+    MAX_REPLICA_GPUS,
+    POOL_RULES,
+    ROOT_RULES,
+    SPEC_RULES,
+    TOPOLOGY_KINDS,
+    SpecError,
+    check_pool,
+    check_spec,
+    check_world,
+)
+from xpyd_perf.topology import TOPOLOGIES, Topology
 
 EngineKind = Literal["vllm", "sglang", "emulator"]
-TopologyKind = Literal["HGX-B200", "GB200-NVL72", "Any"]
+HF_TOKEN: Final = "HF_TOKEN"  # what model.tokenSecret sets: vLLM, SGLang and huggingface_hub read it
+ANY_TOPOLOGY: Final = "Any"  # pins nothing: no hardware to model or to select nodes by
 Mode = Literal["Disaggregated", "Colocated"]
 RouterPolicy = Literal["kv-aware", "least-loaded", "round-robin"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -21,8 +41,12 @@ def _cel(rules: list[dict[str, str]]) -> dict[str, Any]:
     return {"x-kubernetes-validations": rules}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="forbid")
+def _not_stored(schema: dict[str, Any]) -> None:
+    """Keeps a default out of the CRD: the operator applies it when reading; the API server stores none."""
+    schema.pop("default", None)
+
+
+_Model = ApiModel  # camelCase aliases, unknown fields refused (xpyd_api.apibase)
 
 
 class ModelSpec(_Model):
@@ -32,11 +56,29 @@ class ModelSpec(_Model):
     kv_bytes_per_token: int | None = Field(
         default=None, ge=1, description="KV-cache bytes per token; omit to look the model up in the catalog."
     )
+    token_secret: SecretKeySelector | None = Field(
+        default=None, description="The Hugging Face token (HF_TOKEN) from a Secret key, for gated models."
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Volume for downloaded weights (HF_HOME); default: an emptyDir sized from the catalog's weights.",
+    )
+
+
+class EnvVarSource(_Model):
+    secret_key_ref: SecretKeySelector = Field(description="Read the value from a Secret, e.g. HF_TOKEN.")
 
 
 class EnvVar(_Model):
     name: str = Field(min_length=1)
     value: str = ""
+    value_from: EnvVarSource | None = Field(default=None, description="Instead of value: from a Secret's key.")
+
+
+class LocalObjectReference(_Model):
+    """A Secret in the deployment's own namespace, named as a pod's imagePullSecrets entry names it."""
+
+    name: str = Field(min_length=1, max_length=253)
 
 
 class EngineSpec(_Model):
@@ -55,6 +97,12 @@ class EngineSpec(_Model):
     drain_seconds: int = Field(
         default=120, ge=0, le=3600, description="Grace period for in-flight requests on pod termination."
     )
+    service_account_name: str | None = Field(
+        default=None, min_length=1, description="ServiceAccount of engine pods (e.g. workload identity for a bucket)."
+    )
+    shared_memory_size: str | None = Field(
+        default=None, pattern=QUANTITY, description="Size of /dev/shm; default 2Gi per GPU, at least 8Gi."
+    )
 
 
 class PoolAutoscaling(_Model):
@@ -72,32 +120,66 @@ class PoolSpec(_Model):
     replicas: int | None = Field(
         default=None, ge=0, description="Omit to leave replicas to an external scaler (HPA, KEDA, xpyd)."
     )
-    gpus_per_replica: int = Field(default=1, ge=0, le=72, description="GPUs of one replica (one pod).")
+    gpus_per_replica: int = Field(default=1, ge=0, le=MAX_REPLICA_GPUS, description="GPUs of one replica (one pod).")
     tensor_parallel_size: int | None = Field(
-        default=None, ge=1, description="Tensor-parallel size; defaults to gpusPerReplica."
+        default=None, ge=1, description="Tensor-parallel size; defaults to gpusPerReplica / dataParallelSize."
+    )
+    data_parallel_size: int = Field(
+        default=1, ge=1, le=MAX_REPLICA_GPUS, description="Data-parallel ranks in one replica (wide expert parallel)."
+    )
+    expert_parallel: bool = Field(
+        default=False, description="Spread the MoE experts over the replica's ranks (vLLM --enable-expert-parallel)."
     )
     args: list[str] = Field(default_factory=list, description="Extra engine arguments for this pool only.")
     autoscaling: PoolAutoscaling | None = None
+    pod_template_patch: dict[str, Any] | None = template_patch_field("this pool's")
 
     @model_validator(mode="after")
     def _check(self) -> PoolSpec:
         scaling = self.autoscaling
         check_pool(self.replicas, (scaling.min_replicas, scaling.max_replicas) if scaling else None)
+        check_world(self.gpus_per_replica, self.tensor_parallel_size, self.data_parallel_size)
+        checked_patch(self.pod_template_patch, "podTemplatePatch")
         return self
 
     @property
     def tp(self) -> int:
-        return self.tensor_parallel_size or max(1, self.gpus_per_replica)
+        return self.tensor_parallel_size or max(1, self.gpus_per_replica // self.data_parallel_size)
+
+    @property
+    def world_size(self) -> int:
+        """Engine ranks of one replica: tensor x data parallel (its GPUs, one rank each)."""
+        return self.tp * self.data_parallel_size
 
 
 class TopologySpec(_Model):
-    kind: TopologyKind = Field(default="Any", description="HGX-B200 | GB200-NVL72 | Any (pins nothing).")
+    kind: str = Field(
+        default=ANY_TOPOLOGY,
+        description=f"{' | '.join(TOPOLOGY_KINDS)} (pins nothing).",
+        json_schema_extra={"enum": list(TOPOLOGY_KINDS)},
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, kind: str) -> str:
+        if kind not in TOPOLOGY_KINDS:
+            raise ValueError(f"topology.kind must be one of {', '.join(TOPOLOGY_KINDS)}, got {kind!r}")
+        return kind
+
+    @property
+    def hardware(self) -> Topology | None:
+        """The topology table's entry for this kind; None for Any."""
+        return None if self.kind == ANY_TOPOLOGY else TOPOLOGIES[self.kind]
 
 
 class RouterSpec(_Model):
     replicas: int = Field(default=1, ge=0)
     policy: RouterPolicy = "kv-aware"
     image: str | None = Field(default=None, description="Router image; the operator's default when omitted.")
+    api_key_secret: SecretKeySelector | None = Field(
+        default=None,
+        description="Clients must send this Secret key's value as `Authorization: Bearer <key>`; open when omitted.",
+    )
 
 
 class RatioBand(_Model):
@@ -120,17 +202,32 @@ class RatioBand(_Model):
 class AutoscalingTargets(_Model):
     """Per-replica targets of the autoscaler's policy; omitted ones keep their defaults."""
 
-    prefill_waiting_per_replica: float | None = Field(default=None, gt=0, description="Queued requests (default 2).")
+    # The policy's Targets (xpyd_operator.autoscaling_types) extends this model, so a field added here
+    # is a field the policy has; defaults are applied when the spec is read, never stored.
+
+    prefill_waiting_per_replica: float = Field(
+        default=2.0, gt=0, description="Queued requests (default 2).", json_schema_extra=_not_stored
+    )
     prefill_running_per_replica: float | None = Field(default=None, gt=0, description="Running requests.")
     prefill_tokens_per_second_per_replica: float | None = Field(
         default=None, gt=0, description="Prompt tokens/s one prefill replica sustains (else learnt)."
     )
-    prefill_utilization: float | None = Field(default=None, gt=0, le=1, description="Target share of that capacity.")
-    decode_kv_usage: float | None = Field(default=None, gt=0, le=1, description="KV-cache usage (default 0.7).")
-    decode_waiting_per_replica: float | None = Field(default=None, gt=0, description="Queued requests (default 1).")
+    prefill_utilization: float = Field(
+        default=0.7, gt=0, le=1, description="Target share of that capacity.", json_schema_extra=_not_stored
+    )
+    decode_kv_usage: float = Field(
+        default=0.7, gt=0, le=1, description="KV-cache usage (default 0.7).", json_schema_extra=_not_stored
+    )
+    decode_waiting_per_replica: float = Field(
+        default=1.0, gt=0, description="Queued requests (default 1).", json_schema_extra=_not_stored
+    )
     decode_running_per_replica: float | None = Field(default=None, gt=0, description="Running requests.")
-    ttft_p90_seconds: float | None = Field(default=None, gt=0, description="TTFT p90 SLO; a breach adds a replica.")
-    itl_p90_seconds: float | None = Field(default=None, gt=0, description="ITL p90 SLO; a breach adds a replica.")
+    ttft_p90_seconds: float = Field(
+        default=2.0, gt=0, description="TTFT p90 SLO; a breach adds a replica.", json_schema_extra=_not_stored
+    )
+    itl_p90_seconds: float = Field(
+        default=0.1, gt=0, description="ITL p90 SLO; a breach adds a replica.", json_schema_extra=_not_stored
+    )
 
 
 class AutoscalingSpec(_Model):
@@ -144,7 +241,11 @@ class AutoscalingSpec(_Model):
         default=None, ge=1, description="Ignore samples older than this (default max(60, 4 x interval))."
     )
     ratio_band: RatioBand | None = None
-    targets: AutoscalingTargets | None = None
+    targets: AutoscalingTargets = Field(default_factory=AutoscalingTargets)
+
+    def stale_after(self) -> float:
+        """Seconds after which a sample counts as missing: staleAfterSeconds, else max(60, 4 x interval)."""
+        return float(self.stale_after_seconds or max(60, 4 * self.interval_seconds))
 
 
 class WorkloadSpec(_Model):
@@ -166,11 +267,23 @@ class DisaggregatedDeploymentSpec(_Model):
     router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra={"default": {}})
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, json_schema_extra={"default": {}})
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, json_schema_extra={"default": {}})
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        description="Secrets (this namespace) for pulling engine and router images; added to the operator's own.",
+    )
+    network: NetworkSpec | None = Field(
+        default=None, description="RDMA fabric of engine pods; default: the operator's --default-network, else None."
+    )
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, json_schema_extra={"default": {}})
+    pod_template_patch: dict[str, Any] | None = template_patch_field("every engine")
 
     @model_validator(mode="after")
     def _check(self) -> DisaggregatedDeploymentSpec:
         pools = {r: p.gpus_per_replica for r, p in self.pools().items()}
         check_spec(self.mode, self.topology.kind, pools)
+        checked_patch(self.pod_template_patch, "podTemplatePatch")
+        if self.model.token_secret is not None and any(e.name == HF_TOKEN for e in self.engine.env):
+            raise SpecError(f"{HF_TOKEN} is set twice: by model.tokenSecret and in engine.env; keep one")
         return self
 
     def pools(self) -> dict[str, PoolSpec]:
@@ -191,6 +304,9 @@ class Condition(_Model):
 class PoolStatus(_Model):
     replicas: int = 0
     ready_replicas: int = 0
+    images: dict[str, int] | None = Field(
+        default=None, description="Engine image -> ready pods serving it; two entries while an upgrade rolls."
+    )
 
 
 class Placement(_Model):
@@ -218,6 +334,14 @@ class DisaggregatedDeploymentStatus(_Model):
         description="Written by the autoscaler (its own field manager).",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+
+    @classmethod
+    def read(cls, raw: Any) -> DisaggregatedDeploymentStatus:
+        """The status as stored; a garbled one (a hand edit) reads as empty and is rewritten."""
+        try:
+            return cls.model_validate(raw or {})
+        except ValidationError:
+            return cls()
 
 
 class DisaggregatedDeployment(_Model):

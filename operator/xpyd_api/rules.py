@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import Final
 
-HGX_GPUS_PER_NODE: Final = 8
+from xpyd_perf.topology import OFFERED, TOPOLOGIES
+
 MAX_NAME_LENGTH: Final = 40
+# The kinds spec.topology.kind takes: the topology table's deployable entries, and Any.
+TOPOLOGY_KINDS: Final[tuple[str, ...]] = (*OFFERED, "Any")
+# The most GPUs any replica may take: the largest NVLink domain of a deployable kind.
+MAX_REPLICA_GPUS: Final = max(TOPOLOGIES[k].max_replica_gpus for k in OFFERED)
+# Kinds whose NVLink ends at the node: a replica (one pod) must fit one node's GPUs.
+_NODE_LIMITS: Final = {k: TOPOLOGIES[k].max_replica_gpus for k in OFFERED if TOPOLOGIES[k].nvlink_domain == "node"}
 
 
 def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -15,10 +22,10 @@ def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, s
     return out
 
 
-def _pool_gpu_rule(pool: str) -> dict[str, str]:
+def _pool_gpu_rule(pool: str, kind: str, limit: int) -> dict[str, str]:
     return _rule(
-        f"self.topology.kind != 'HGX-B200' || !has(self.{pool}) || self.{pool}.gpusPerReplica <= 8",
-        f"{pool}.gpusPerReplica must be <= 8 on HGX-B200: a replica must fit in one node (8 GPUs)",
+        f"self.topology.kind != '{kind}' || !has(self.{pool}) || self.{pool}.gpusPerReplica <= {limit}",
+        f"{pool}.gpusPerReplica must be <= {limit} on {kind}: a replica must fit in one node ({limit} GPUs)",
         f".{pool}.gpusPerReplica",
     )
 
@@ -51,9 +58,11 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
         "worker is only for Colocated mode; use prefill and decode in Disaggregated mode",
         ".worker",
     ),
-    _pool_gpu_rule("prefill"),
-    _pool_gpu_rule("decode"),
-    _pool_gpu_rule("worker"),
+    *(
+        _pool_gpu_rule(pool, kind, limit)
+        for kind, limit in _NODE_LIMITS.items()
+        for pool in ("prefill", "decode", "worker")
+    ),
 ]
 
 POOL_RULES: Final[dict[str, list[dict[str, str]]]] = {
@@ -70,7 +79,19 @@ POOL_RULES: Final[dict[str, list[dict[str, str]]]] = {
             " && self.replicas <= self.autoscaling.maxReplicas)",
             "replicas must lie within autoscaling.minReplicas..maxReplicas",
             ".replicas",
-        )
+        ),
+        # One replica is one engine whose world size (tensor x data parallel) is its GPU count.
+        _rule(
+            "self.gpusPerReplica % self.dataParallelSize == 0",
+            "gpusPerReplica must be a multiple of dataParallelSize (one replica = tensor x data parallel GPUs)",
+            ".dataParallelSize",
+        ),
+        _rule(
+            "!has(self.tensorParallelSize) || self.gpusPerReplica == 0"
+            " || self.tensorParallelSize * self.dataParallelSize == self.gpusPerReplica",
+            "tensorParallelSize x dataParallelSize (the engine's world size) must equal gpusPerReplica",
+            ".tensorParallelSize",
+        ),
     ],
 }
 
@@ -89,6 +110,17 @@ def check_pool(replicas: int | None, bounds: tuple[int, int] | None) -> None:
         raise SpecError(f"replicas ({replicas}) must lie within autoscaling bounds {low}..{high}")
 
 
+def check_world(gpus: int, tp: int | None, dp: int) -> None:
+    """Mirror of the pool's world-size rules: tensor x data parallel ranks use every GPU of the replica."""
+    if gpus % dp:
+        raise SpecError(f"gpusPerReplica ({gpus}) must be a multiple of dataParallelSize ({dp})")
+    if tp is not None and gpus and tp * dp != gpus:
+        raise SpecError(
+            f"tensorParallelSize x dataParallelSize ({tp} x {dp}) is the engine's world size and must equal "
+            f"gpusPerReplica ({gpus})"
+        )
+
+
 def check_spec(mode: str, topology: str, pool_gpus: dict[str, int]) -> None:
     """Mirror of SPEC_RULES; pool_gpus maps each present pool to its gpusPerReplica."""
     pools = set(pool_gpus)
@@ -96,6 +128,7 @@ def check_spec(mode: str, topology: str, pool_gpus: dict[str, int]) -> None:
         raise SpecError("Colocated mode takes exactly one pool, spec.worker (no prefill or decode)")
     if mode == "Disaggregated" and pools != {"prefill", "decode"}:
         raise SpecError("Disaggregated mode takes spec.prefill and spec.decode (and no spec.worker)")
+    limit = _NODE_LIMITS.get(topology)
     for pool, gpus in pool_gpus.items():
-        if topology == "HGX-B200" and gpus > HGX_GPUS_PER_NODE:
-            raise SpecError(f"{pool}.gpusPerReplica ({gpus}) must be <= 8 on HGX-B200")
+        if limit is not None and gpus > limit:
+            raise SpecError(f"{pool}.gpusPerReplica ({gpus}) must be <= {limit} on {topology}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Mapping
 
+from xpyd_api.models import RatioBand
+
 from .autoscaling_types import DECODE, PREFILL, PoolBounds, PoolDecision, PoolObservation, PoolState
 
 _EPS = 1e-9
@@ -30,14 +32,14 @@ def direction_change_allowed(st: PoolState, direction: int, now: float, window: 
 def apply_ratio_band(
     decisions: Mapping[str, PoolDecision],
     bounds: Mapping[str, PoolBounds],
-    band: tuple[float, float] | None,
+    band: RatioBand | None,
     growth_blocked: Collection[str],
 ) -> dict[str, PoolDecision]:
     """Keep prefill/decode replicas within ``band`` by raising the pool that lags (never lowering)."""
     out = dict(decisions)
     if band is None or PREFILL not in out or DECODE not in out:
         return out
-    low, high = band
+    low, high = band.min, band.max
     p, d = out[PREFILL].desired, out[DECODE].desired
     if d > 0 and p / d < low - _EPS and PREFILL not in growth_blocked:
         new_p = min(bounds[PREFILL].max_replicas, math.ceil(low * d - _EPS))

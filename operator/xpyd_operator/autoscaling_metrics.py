@@ -6,6 +6,8 @@ from collections.abc import Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from xpyd_api import metric_names as names
+
 from .autoscaling_types import Decision, PoolDecision
 
 REASONS = (
@@ -29,24 +31,22 @@ class AutoscalerMetrics:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         labels = ["namespace", "deployment", "role"]
-        self.desired = Gauge(
-            "xpyd_autoscaler_desired_replicas", "Replicas the autoscaler asks for", labels, registry=registry
-        )
-        self.actual = Gauge("xpyd_autoscaler_actual_replicas", "Ready replicas of the pool", labels, registry=registry)
+        self.desired = Gauge(names.AUTOSCALER_DESIRED, "Replicas the autoscaler asks for", labels, registry=registry)
+        self.actual = Gauge(names.AUTOSCALER_ACTUAL, "Ready replicas of the pool", labels, registry=registry)
         self.reason = Gauge(
-            "xpyd_autoscaler_decision_reason",
+            names.AUTOSCALER_REASON,
             "1 for the reason of the pool's last decision, 0 for the others",
             [*labels, "reason"],
             registry=registry,
         )
         self.healthy = Gauge(
-            "xpyd_autoscaler_healthy",
+            names.AUTOSCALER_HEALTHY,
             "1 when the autoscaler saw fresh metrics for every pool",
             ["namespace", "deployment"],
             registry=registry,
         )
         self.scale_events = Counter(
-            "xpyd_autoscaler_scale_events_total",
+            names.AUTOSCALER_SCALE_EVENTS,
             "Changes of a pool's size made by the autoscaler",
             [*labels, "direction"],
             registry=registry,

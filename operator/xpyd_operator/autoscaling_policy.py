@@ -13,7 +13,7 @@ window before the policy may shrink it (it may grow it at once if load demands).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from .autoscaling_guards import (
@@ -30,6 +30,7 @@ from .autoscaling_types import (
     WORKER,
     Behavior,
     Decision,
+    Policy,
     PolicyInputs,
     PoolBounds,
     PoolDecision,
@@ -152,7 +153,7 @@ class XpydPolicy:
         complete = required_present(role, obs) and (obs.reporting is None or obs.reporting >= obs.ready)
         st = replace(st, capacity=learn_capacity(role, obs, st.capacity))
         if t.prefill_tokens_per_second_per_replica is None and st.capacity:
-            t = replace(t, prefill_tokens_per_second_per_replica=st.capacity)
+            t = t.model_copy(update={"prefill_tokens_per_second_per_replica": st.capacity})
         rec, why = recommend(role, obs, t)
         if not complete:
             rec, why = max(rec, n), f"{why}; metrics partial: no scale-down"
@@ -192,3 +193,28 @@ class XpydPolicy:
         if clamped != desired:
             return PoolDecision(clamped, "bounds", f"{message}; bounds [{b.min_replicas}, {b.max_replicas}]")
         return PoolDecision(desired, reason, message)
+
+
+class StaticPolicy:
+    """Autoscaling off: every pool keeps its current size (only bounds apply)."""
+
+    name = "off"
+
+    def decide(self, inputs: PolicyInputs, state: Mapping[str, PoolState], now: float) -> Decision:
+        pools = {
+            role: PoolDecision(inputs.bounds[role].clamp(obs.replicas), "static", "autoscaling off")
+            for role, obs in inputs.pools.items()
+        }
+        return Decision(pools, True, "AutoscalingOff", "autoscaling is off", dict(state))
+
+
+# The product's policies by name; benchmarks register their peers' rules (bench/baselines) beside them.
+AUTOSCALERS: dict[str, Callable[[], Policy]] = {"xpyd": XpydPolicy, "off": StaticPolicy}
+
+
+def make_policy(name: str) -> Policy:
+    """The policy registered under ``name``; a clear error lists the known names."""
+    try:
+        return AUTOSCALERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown autoscaler {name!r}; known: {', '.join(sorted(AUTOSCALERS))}") from None

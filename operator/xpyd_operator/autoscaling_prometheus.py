@@ -12,15 +12,7 @@ from typing import Any
 import httpx
 
 from .autoscaling_promql import ROLE_LABEL, pool_queries
-
-
-class PrometheusError(Exception):
-    """Prometheus could not answer; ``reason`` is the AutoscalerHealthy condition's reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+from .autoscaling_types import PoolMetrics, PrometheusError
 
 
 @dataclass(frozen=True)
@@ -28,20 +20,6 @@ class Sample:
     labels: Mapping[str, str]
     value: float  # NaN where Prometheus said NaN (e.g. a quantile of an empty histogram)
     timestamp: float
-
-
-@dataclass(frozen=True)
-class PoolMetrics:
-    """One pool's load as Prometheus sees it; fields match PoolObservation's metric fields."""
-
-    waiting: float | None = None
-    running: float | None = None
-    kv_usage: float | None = None
-    ttft_p90: float | None = None
-    itl_p90: float | None = None
-    prompt_tokens_rate: float | None = None
-    reporting: int | None = None
-    sampled_at: float | None = None
 
 
 class PrometheusClient:

@@ -17,11 +17,13 @@ from __future__ import annotations
 from typing import Final
 
 from xpyd_api import labels
+from xpyd_api import metric_names as names
+from xpyd_api.metric_names import ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING
 
-NAMESPACE_LABEL: Final = "namespace"
-POD_LABEL: Final = "pod"
-DEPLOYMENT_LABEL: Final = "xpyd_deployment"
-ROLE_LABEL: Final = "xpyd_role"
+NAMESPACE_LABEL: Final = names.NAMESPACE_LABEL
+POD_LABEL: Final = names.POD_LABEL
+DEPLOYMENT_LABEL: Final = names.POD_DEPLOYMENT
+ROLE_LABEL: Final = names.POD_ROLE
 
 
 def _meta(label: str) -> str:
@@ -63,14 +65,6 @@ SCRAPE_CONFIG: Final = f"""\
     - source_labels: [{_meta(labels.ROLE)}]
       target_label: {ROLE_LABEL}
 """
-
-# vLLM metric names (DESIGN.md section 6).
-WAITING: Final = "vllm:num_requests_waiting"
-RUNNING: Final = "vllm:num_requests_running"
-KV_USAGE: Final = "vllm:kv_cache_usage_perc"
-TTFT: Final = "vllm:time_to_first_token_seconds"
-ITL: Final = "vllm:inter_token_latency_seconds"
-PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
 
 
 def _quote(value: str) -> str:

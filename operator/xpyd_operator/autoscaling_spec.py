@@ -1,40 +1,34 @@
-"""Pure translation between a DisaggregatedDeployment (as a dict) and the policy's inputs and status."""
+"""Pure translation between the typed DisaggregatedDeployment and the policy: inputs in, status out.
+
+The operator's autoscaler and `xpyd simulate` both go through here, so every field of
+`spec.autoscaling` and of each pool's `autoscaling` reaches the policy the same way.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from xpyd_api import conditions as C
 from xpyd_api import labels
+from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 
-from .autoscaling_prometheus import PoolMetrics, PrometheusError
+from .autoscaling_policy import XpydPolicy
 from .autoscaling_types import (
     Behavior,
     Decision,
+    Policy,
     PolicyInputs,
     PoolBounds,
+    PoolMetrics,
     PoolObservation,
+    PoolState,
+    PrometheusError,
     Targets,
     state_from_dict,
     state_to_dict,
 )
-
-CONDITION = "AutoscalerHealthy"
-ROLES = ("prefill", "decode", "worker")
-# Optional spec.autoscaling.targets keys (camelCase) -> Targets fields.
-TARGET_KEYS = {
-    "prefillWaitingPerReplica": "prefill_waiting_per_replica",
-    "prefillRunningPerReplica": "prefill_running_per_replica",
-    "prefillTokensPerSecondPerReplica": "prefill_tokens_per_second_per_replica",
-    "prefillUtilization": "prefill_utilization",
-    "decodeKvUsage": "decode_kv_usage",
-    "decodeWaitingPerReplica": "decode_waiting_per_replica",
-    "decodeRunningPerReplica": "decode_running_per_replica",
-    "ttftP90Seconds": "ttft_p90_seconds",
-    "itlP90Seconds": "itl_p90_seconds",
-}
 
 
 @dataclass(frozen=True)
@@ -46,8 +40,12 @@ class PoolRuntime:
     unschedulable: int
 
 
-def rfc3339(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+@dataclass(frozen=True)
+class AutoscaleResult:
+    desired: dict[str, int]  # replicas per managed pool
+    status: dict[str, Any]  # the value of status.autoscaler
+    condition: Condition  # AutoscalerHealthy, its transition time kept while its status holds
+    decision: Decision
 
 
 def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role: str) -> PoolRuntime:
@@ -67,61 +65,47 @@ def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role
     return PoolRuntime(replicas, ready, starved)
 
 
-def managed_pools(spec: Mapping[str, Any]) -> dict[str, PoolBounds]:
+def managed_pools(spec: DisaggregatedDeploymentSpec) -> dict[str, PoolBounds]:
     """The pools the autoscaler sizes: those with ``autoscaling`` bounds, when it is enabled."""
-    if not (spec.get("autoscaling") or {}).get("enabled"):
+    if not spec.autoscaling.enabled:
         return {}
-    out = {}
-    for role in ROLES:
-        pool = spec.get(role) or {}
-        scaling = pool.get("autoscaling")
-        if scaling:
-            out[role] = PoolBounds(
-                int(scaling.get("minReplicas", 1)),
-                int(scaling["maxReplicas"]),
-                max(1, int(pool.get("gpusPerReplica", 1))),
-            )
-    return out
+    return {
+        role: PoolBounds(pool.autoscaling.min_replicas, pool.autoscaling.max_replicas, max(1, pool.gpus_per_replica))
+        for role, pool in spec.pools().items()
+        if pool.autoscaling is not None
+    }
 
 
 def policy_inputs(
-    spec: Mapping[str, Any],
+    spec: DisaggregatedDeploymentSpec,
     runtimes: Mapping[str, PoolRuntime],
     metrics: Mapping[str, PoolMetrics] | None,
     free_gpus: int | None = None,
 ) -> PolicyInputs:
     """What the policy sees; ``metrics`` is None when Prometheus could not answer."""
-    scaling = spec.get("autoscaling") or {}
+    scaling = spec.autoscaling
     bounds = {r: b for r, b in managed_pools(spec).items() if r in runtimes}
-    pools = {}
-    for role in bounds:
-        rt = runtimes[role]
-        m = (metrics or {}).get(role, PoolMetrics())
-        values = {f.name: getattr(m, f.name) for f in fields(PoolMetrics)}
-        pools[role] = PoolObservation(rt.replicas, rt.ready, rt.unschedulable, **values)
-    raw_targets = scaling.get("targets") or {}
-    unknown = set(raw_targets) - set(TARGET_KEYS)
-    if unknown:
-        raise ValueError(f"unknown spec.autoscaling.targets keys {sorted(unknown)}; known: {sorted(TARGET_KEYS)}")
-    targets = Targets(**{TARGET_KEYS[k]: v for k, v in raw_targets.items()})
-    interval = float(scaling.get("intervalSeconds", 15))
-    behavior = Behavior(
-        stabilization_seconds=float(scaling.get("stabilizationSeconds", 300)),
-        stale_after_seconds=float(scaling.get("staleAfterSeconds", max(60.0, 4 * interval))),
-    )
-    band = scaling.get("ratioBand")
-    ratio = (float(band["min"]), float(band["max"])) if band else None
-    return PolicyInputs(pools, bounds, targets, behavior, ratio, free_gpus)
+    pools = {
+        role: PoolObservation.of((metrics or {}).get(role, PoolMetrics()), rt.replicas, rt.ready, rt.unschedulable)
+        for role, rt in ((r, runtimes[r]) for r in bounds)
+    }
+    targets = Targets.model_validate(scaling.targets.model_dump())
+    return PolicyInputs(pools, bounds, targets, Behavior.of(scaling), scaling.ratio_band, free_gpus)
+
+
+def history(status: DisaggregatedDeploymentStatus) -> dict[str, PoolState]:
+    """The policy state kept in status.autoscaler.history (empty if absent or garbled)."""
+    return state_from_dict((status.autoscaler or {}).get("history"))
 
 
 def status_patch(
-    old_status: Mapping[str, Any],
+    old: DisaggregatedDeploymentStatus,
     decision: Decision,
     runtimes: Mapping[str, PoolRuntime],
     error: PrometheusError | None,
     now: float,
     generation: int | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[dict[str, Any], Condition]:
     """``status.autoscaler`` and the AutoscalerHealthy condition for this decision."""
     autoscaler: dict[str, Any] = {}
     for role, d in decision.pools.items():
@@ -132,29 +116,33 @@ def status_patch(
             "replicas": runtimes[role].replicas,
             "reason": d.reason,
             "message": d.message[:500],
-            "lastScaleTime": rfc3339(last) if last is not None else None,
+            "lastScaleTime": C.rfc3339(last) if last is not None else None,
         }
     autoscaler["history"] = state_to_dict(decision.state)
-    autoscaler["lastEvaluationTime"] = rfc3339(now)
+    autoscaler["lastEvaluationTime"] = C.rfc3339(now)
     if error is not None:
         ok, reason, message = False, error.reason, f"{error.message}; holding sizes"
     else:
         ok, reason, message = decision.healthy, decision.health_reason, decision.health_message
-    status = "True" if ok else "False"
-    previous = next((c for c in old_status.get("conditions") or [] if c.get("type") == CONDITION), None)
-    since = previous.get("lastTransitionTime") if previous and previous.get("status") == status else None
-    condition = {
-        "type": CONDITION,
-        "status": status,
-        "reason": reason,
-        "message": message[:1000],
-        "lastTransitionTime": since or rfc3339(now),
-    }
-    if generation is not None:
-        condition["observedGeneration"] = generation
-    return autoscaler, condition
+    fresh = C.make(C.AUTOSCALER_HEALTHY, ok, reason, message[:1000], generation)
+    return autoscaler, C.merge(old.conditions, [fresh], C.rfc3339(now), ())[0]
 
 
-def history(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The policy state kept in status.autoscaler.history (empty if absent or garbled)."""
-    return state_from_dict((status.get("autoscaler") or {}).get("history"))
+def evaluate(
+    spec: DisaggregatedDeploymentSpec,
+    status: DisaggregatedDeploymentStatus,
+    generation: int | None,
+    runtimes: Mapping[str, PoolRuntime],
+    metrics: Mapping[str, PoolMetrics] | PrometheusError,
+    now: float,
+    *,
+    free_gpus: int | None = None,
+    policy: Policy | None = None,
+) -> AutoscaleResult:
+    """The whole decision for one deployment, without I/O."""
+    error = metrics if isinstance(metrics, PrometheusError) else None
+    observed = None if isinstance(metrics, PrometheusError) else metrics
+    inputs = policy_inputs(spec, runtimes, observed, free_gpus)
+    decision = (policy or XpydPolicy()).decide(inputs, history(status), now)
+    auto, cond = status_patch(status, decision, runtimes, error, now, generation)
+    return AutoscaleResult({r: d.desired for r, d in decision.pools.items()}, auto, cond, decision)

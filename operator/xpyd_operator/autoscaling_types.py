@@ -1,29 +1,42 @@
-"""Plain data the autoscaling policies read and return, shared by the operator and the simulator."""
+"""Plain data the autoscaling policies read and return, shared by the operator and the simulator.
+
+Pure: no I/O library. The spec's tunables come from the API models (`Targets` extends the spec's
+`AutoscalingTargets`; `Behavior` defaults as `AutoscalingSpec` does), so they exist in one place.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Final, Protocol
+
+from pydantic import Field
+
+from xpyd_api.models import AutoscalingSpec, AutoscalingTargets, RatioBand
 
 PREFILL = "prefill"
 DECODE = "decode"
 WORKER = "worker"  # the single pool of Colocated mode: both prefill and decode signals apply
 
 
-@dataclass(frozen=True)
-class PoolObservation:
-    """What one pool looks like now: sizes from the API server, load from Prometheus.
+class PrometheusError(Exception):
+    """Prometheus could not answer; ``reason`` is the AutoscalerHealthy condition's reason."""
 
-    Every metric is a sum or mean over the pool's fresh series; ``None`` means Prometheus
-    had no fresh sample for it. ``sampled_at`` is the newest sample time (seconds, same
-    clock as ``now``); ``reporting`` is how many pods had fresh samples.
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolMetrics:
+    """One pool's load as Prometheus sees it: sums or means over the pool's fresh series.
+
+    ``None`` means Prometheus had no fresh sample for it. ``sampled_at`` is the newest sample time
+    (seconds, same clock as ``now``); ``reporting`` is how many pods had fresh samples.
     """
 
-    replicas: int  # the size currently asked of the StatefulSet
-    ready: int = 0
-    unschedulable: int = 0  # pods Pending because no node has free GPUs
     waiting: float | None = None  # sum of vllm:num_requests_waiting
     running: float | None = None  # sum of vllm:num_requests_running
     kv_usage: float | None = None  # mean of vllm:kv_cache_usage_perc, 0..1
@@ -33,71 +46,67 @@ class PoolObservation:
     reporting: int | None = None
     sampled_at: float | None = None
 
+
+@dataclass(frozen=True, kw_only=True)
+class PoolObservation(PoolMetrics):
+    """What one pool looks like now: sizes from the API server, load from Prometheus."""
+
+    replicas: int  # the size currently asked of the StatefulSet
+    ready: int = 0
+    unschedulable: int = 0  # pods Pending because no node has free GPUs
+
     def __post_init__(self) -> None:
         if self.replicas < 0 or self.ready < 0 or self.unschedulable < 0:
             raise ValueError(f"pool sizes must not be negative: {self}")
         if self.kv_usage is not None and not 0.0 <= self.kv_usage <= 1.0 + 1e-9:
             raise ValueError(f"kv_usage must be within 0..1, got {self.kv_usage}")
 
+    @classmethod
+    def of(cls, metrics: PoolMetrics, replicas: int, ready: int = 0, unschedulable: int = 0) -> PoolObservation:
+        """The observation of a pool of these sizes with these metrics."""
+        values = {f.name: getattr(metrics, f.name) for f in fields(PoolMetrics)}
+        return cls(replicas=replicas, ready=ready, unschedulable=unschedulable, **values)
+
 
 @dataclass(frozen=True)
 class PoolBounds:
-    """One pool's limits from the spec: ``spec.<pool>.autoscaling`` and ``gpusPerReplica``."""
+    """One pool's limits, from ``spec.<pool>.autoscaling`` and ``gpusPerReplica`` (validated there)."""
 
     min_replicas: int
     max_replicas: int
     gpus_per_replica: int = 1
 
-    def __post_init__(self) -> None:
-        if self.min_replicas < 0:
-            raise ValueError(f"minReplicas must be >= 0, got {self.min_replicas}")
-        if self.max_replicas < max(self.min_replicas, 1):
-            raise ValueError(f"maxReplicas ({self.max_replicas}) must be >= max(minReplicas, 1) ({self.min_replicas})")
-        if self.gpus_per_replica < 1:
-            raise ValueError(f"gpusPerReplica must be >= 1, got {self.gpus_per_replica}")
-
     def clamp(self, n: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, n))
 
 
-@dataclass(frozen=True)
-class Targets:
-    """What one replica should carry; a pool is sized so that its load per replica meets these."""
+class Targets(AutoscalingTargets):
+    """What one replica should carry: the spec's targets (same fields, same defaults) and the hold band."""
 
-    prefill_waiting_per_replica: float = 2.0
-    prefill_running_per_replica: float | None = None  # optional concurrency target
-    prefill_tokens_per_second_per_replica: float | None = None  # prefill capacity (xpyd plan)
-    prefill_utilization: float = 0.7  # fraction of that capacity to aim for
-    decode_kv_usage: float = 0.7
-    decode_waiting_per_replica: float = 1.0
-    decode_running_per_replica: float | None = None
-    ttft_p90_seconds: float | None = 2.0  # SLO: breached with a queue -> at least one more prefill
-    itl_p90_seconds: float | None = 0.1  # SLO: breached -> at least one more decode
-    tolerance: float = 0.1  # load within (1 + tolerance) x target does not scale up
+    tolerance: float = Field(default=0.1, ge=0)  # load within (1 + tolerance) x target does not scale up
 
-    def __post_init__(self) -> None:
-        for name in ("prefill_waiting_per_replica", "decode_kv_usage", "decode_waiting_per_replica"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"target {name} must be > 0, got {getattr(self, name)}")
-        if not 0 < self.prefill_utilization <= 1:
-            raise ValueError(f"prefill_utilization must be within (0, 1], got {self.prefill_utilization}")
+
+_SPEC_DEFAULTS: Final = AutoscalingSpec()
 
 
 @dataclass(frozen=True)
 class Behavior:
-    """How fast and how calmly sizes move (times in seconds)."""
+    """How fast and how calmly sizes move (times in seconds); the spec's fields default as the spec does."""
 
-    stabilization_seconds: float = 300.0  # scale down to the highest recommendation of this window
+    stabilization_seconds: float = float(_SPEC_DEFAULTS.stabilization_seconds)  # scale down to the window's max
     scale_up_max_step: int = 4  # at most max(this, current) replicas added per decision
     scale_down_max_fraction: float = 0.25  # at most max(1, floor(current x this)) removed per decision
     scale_down_cooldown_seconds: float = 30.0  # between two scale-downs of one pool
-    stale_after_seconds: float = 60.0  # samples older than this count as missing
+    stale_after_seconds: float = _SPEC_DEFAULTS.stale_after()  # samples older than this count as missing
 
     def __post_init__(self) -> None:
-        if self.stabilization_seconds < 0 or self.stale_after_seconds <= 0:
-            raise ValueError("stabilization_seconds must be >= 0 and stale_after_seconds > 0")
         if self.scale_up_max_step < 1 or not 0 < self.scale_down_max_fraction <= 1:
             raise ValueError("scale_up_max_step must be >= 1 and scale_down_max_fraction within (0, 1]")
+
+    @classmethod
+    def of(cls, spec: AutoscalingSpec) -> Behavior:
+        """The behaviour a spec asks for (stabilization window, staleness), the rest at its defaults."""
+        return cls(stabilization_seconds=float(spec.stabilization_seconds), stale_after_seconds=spec.stale_after())
 
 
 @dataclass(frozen=True)
@@ -108,17 +117,13 @@ class PolicyInputs:
     bounds: Mapping[str, PoolBounds]
     targets: Targets = field(default_factory=Targets)
     behavior: Behavior = field(default_factory=Behavior)
-    ratio_band: tuple[float, float] | None = None  # prefill:decode replicas, (low, high)
-    free_gpus: int | None = None  # GB200-NVL72: GPUs still free in the rack, a hard ceiling on growth
+    ratio_band: RatioBand | None = None  # prefill:decode replicas
+    free_gpus: int | None = None  # rack-scale systems: GPUs still free in the rack, a hard ceiling on growth
 
     def __post_init__(self) -> None:
         missing = set(self.pools) - set(self.bounds)
         if missing:
             raise ValueError(f"no bounds for pools {sorted(missing)}")
-        if self.ratio_band is not None:
-            low, high = self.ratio_band
-            if not 0 < low <= high:
-                raise ValueError(f"ratio band must satisfy 0 < low <= high, got {self.ratio_band}")
 
 
 @dataclass(frozen=True)
@@ -221,3 +226,11 @@ def _opt_float(v: Any) -> float | None:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+class Policy(Protocol):
+    """What every autoscaling policy offers: pure, with its history passed in and handed back."""
+
+    name: str
+
+    def decide(self, inputs: PolicyInputs, state: Mapping[str, PoolState], now: float) -> Decision: ...

@@ -8,7 +8,9 @@ import logging
 import os
 
 import kopf
+from pydantic import ValidationError
 
+from xpyd_api.podmodels import NetworkSpec
 from xpyd_operator import opmetrics, preflight
 from xpyd_operator.handlers import Options, register
 from xpyd_operator.reconcile import Config
@@ -50,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
         help="pull secret for every pod it makes (repeatable; env XPYD_IMAGE_PULL_SECRETS, comma-separated)",
     )
     p.add_argument(
+        "--default-network",
+        default=os.environ.get("XPYD_DEFAULT_NETWORK", ""),
+        metavar="PROFILE|JSON",
+        help="network profile for deployments without spec.network, e.g. InfiniBand or "
+        '\'{"profile":"RoCE","annotations":{...}}\' (env XPYD_DEFAULT_NETWORK; default: None)',
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=int(os.environ.get("XPYD_METRICS_PORT") or 0),
@@ -80,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         print("xpyd operator: --resync-seconds must be > 0", flush=True)
         return 2
     try:
+        network = NetworkSpec.parse(args.default_network)
+    except (ValidationError, ValueError) as exc:
+        print(f"xpyd operator: --default-network: {' '.join(str(exc).split())}", flush=True)
+        return 2
+    try:
         preflight.wait_reachable(preflight.api_server(), args.startup_timeout)
     except preflight.PreflightError as exc:
         print(f"xpyd operator: {exc}", flush=True)
@@ -91,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=list(args.namespace),
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
-        config=Config(args.image, args.router_image, tuple(args.image_pull_secret)),
+        config=Config(args.image, args.router_image, tuple(args.image_pull_secret), default_network=network),
     )
     if args.metrics_port:
         opmetrics.serve(args.metrics_port, args.metrics_address)

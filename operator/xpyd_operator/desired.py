@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from xpyd_api import labels as L
+from xpyd_api import podpatch
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_operator import pools, routerkit
+from xpyd_api.podmodels import NetworkSpec
+from xpyd_operator import podsecurity, pools, rollout, routerkit, sizing
+from xpyd_operator.autoscaling_spec import managed_pools
 from xpyd_operator.meta import Owner, child_name, stamp
 from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
 from xpyd_operator.placement import unschedulable_reason as _unschedulable
@@ -80,32 +83,59 @@ def check_model(spec: DisaggregatedDeploymentSpec) -> None:
         ) from None
 
 
+def check_fit(spec: DisaggregatedDeploymentSpec) -> None:
+    """Refuse a replica whose GPUs cannot hold the weights and one longest sequence (xpyd_perf.fits)."""
+    for role, pool in spec.pools().items():
+        fit = sizing.replica_fit_of(spec, pool)
+        if fit is not None and not fit.fits:
+            raise InputError("ReplicaDoesNotFit", f"{role}: {fit.summary()}")
+
+
+def with_defaults(spec: DisaggregatedDeploymentSpec, network: NetworkSpec | None) -> DisaggregatedDeploymentSpec:
+    """The spec with the operator's defaults for what it leaves out (the chart's network profile)."""
+    if spec.network is not None or network is None:
+        return spec
+    return spec.model_copy(update={"network": network})
+
+
+def patched(sts: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
+    """A pool's StatefulSet with spec.podTemplatePatch, then the pool's own, applied to its pod template."""
+    template = sts["spec"]["template"]
+    for patch in (spec.pod_template_patch, pool.pod_template_patch):
+        if patch:
+            template = podpatch.merge(template, patch)
+    engine = next(c for c in template["spec"]["containers"] if c["name"] == podpatch.ENGINE_CONTAINER)
+    template["metadata"]["labels"][L.ENGINE_REV] = rollout.engine_rev(engine.get("image", ""), spec.engine.kv_connector)
+    sts["spec"]["template"] = template
+    return sts
+
+
 def placement_for(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: Owner) -> Placement:
     wanted = demands(spec, observed, owner)
-    reason = _unschedulable(observed.nodes, spec.topology.kind, wanted)
+    topology = spec.topology.hardware
+    reason = _unschedulable(observed.nodes, topology, wanted)
     if reason is not None:
         raise InputError("Unschedulable", reason)
     free = None
-    if spec.topology.kind == "GB200-NVL72":
+    if topology is not None and topology.nvlink_domain == "clique":
         free = free_by_clique(observed.nodes, observed.pods, observed.reservations, owner.key)
-    return place(spec.topology.kind, wanted, free, current_pins(observed, owner, [d.role for d in wanted]))
+    return place(topology, wanted, free, current_pins(observed, owner, [d.role for d in wanted]))
 
 
 def autoscaled(spec: DisaggregatedDeploymentSpec, autoscaler: Mapping[str, Any] | None) -> DisaggregatedDeploymentSpec:
     """The spec with each autoscaled pool sized as the autoscaler last decided (status.autoscaler.<pool>.desired).
 
-    The operator stays the one writer of StatefulSet replicas: the autoscaler records its decision in
-    status and the reconcile applies it, so the two never fight over the field.
+    The reconciler is the one writer of StatefulSet replicas: the autoscaler records its decision in
+    status (and asks for a reconcile), and this is where it is applied, clamped into the spec's bounds.
     """
-    if not spec.autoscaling.enabled or not autoscaler:
+    if not autoscaler:
         return spec
+    pools = spec.pools()
     update: dict[str, PoolSpec] = {}
-    for role, pool in spec.pools().items():
+    for role, bounds in managed_pools(spec).items():
         decided = (autoscaler.get(role) or {}).get("desired") if isinstance(autoscaler.get(role), dict) else None
-        if pool.autoscaling is None or not isinstance(decided, int):
-            continue
-        size = min(max(decided, pool.autoscaling.min_replicas), pool.autoscaling.max_replicas)
-        update[role] = pool.model_copy(update={"replicas": size})
+        if isinstance(decided, int):
+            update[role] = pools[role].model_copy(update={"replicas": bounds.clamp(decided)})
     return spec.model_copy(update=update) if update else spec
 
 
@@ -116,11 +146,17 @@ def build_children(
     compute_domain_crd: bool,
     own_image: str,
     router_image: str,
+    pull_secrets: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Every child manifest, stamped with its applied-hash, in the order they are applied."""
+    """Every child manifest, stamped with its applied-hash, in the order they are applied.
+
+    Every pod template gets the operator's pull secrets (pull_secrets) and the deployment's own.
+    """
     pool_specs: dict[str, PoolSpec] = spec.pools()
     pinned = {c for c in placement.pins.values() if c is not None}
-    use_cd = compute_domain_crd and spec.topology.kind == "GB200-NVL72" and len(pinned) == 1 and placement.satisfied
+    topology = spec.topology.hardware
+    wants_cd = topology is not None and topology.compute_domain
+    use_cd = compute_domain_crd and wants_cd and len(pinned) == 1 and placement.satisfied
     out: list[dict[str, Any]] = [
         routerkit.service_account(owner),
         routerkit.role(owner),
@@ -134,20 +170,36 @@ def build_children(
     for role, pool in pool_specs.items():
         clique = placement.pins.get(role)
         out.append(pools.statefulset(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
+    if (router_budget := routerkit.disruption_budget(owner, spec)) is not None:
+        out.append(router_budget)
     out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner)]
+    secrets = podsecurity.pull_secret_names(pull_secrets, spec)
+    out = [podsecurity.with_pull_secrets(m, secrets) for m in out]
+    # Pod template patches come last, after every generated field (pull secrets included).
+    engines = {(m["kind"], m["metadata"]["name"]): m for m in out}
+    for role, pool in pool_specs.items():
+        if spec.pod_template_patch or pool.pod_template_patch:
+            patched(engines[("StatefulSet", child_name(owner, role))], spec, pool)
     return [stamp(m) for m in out]
 
 
 def desire(
-    owner: Owner, spec: DisaggregatedDeploymentSpec, observed: Observed, own_image: str, router_image: str
+    owner: Owner,
+    spec: DisaggregatedDeploymentSpec,
+    observed: Observed,
+    own_image: str,
+    router_image: str,
+    pull_secrets: Sequence[str] = (),
 ) -> Desired:
     """Placement and children, or the input error that leaves the running children untouched."""
     try:
         check_model(spec)
+        check_fit(spec)
         placement = placement_for(spec, observed, owner)
     except InputError as exc:
         return Desired(None, [], (exc.reason, exc.message))
-    children = build_children(owner, spec, placement, observed.compute_domain_crd, own_image, router_image)
+    cd_crd = observed.compute_domain_crd
+    children = build_children(owner, spec, placement, cd_crd, own_image, router_image, pull_secrets)
     return Desired(placement, children)
 
 

@@ -5,18 +5,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from xpyd_api import fabrics
 from xpyd_api import labels as L
+from xpyd_api import metric_names as names
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 
 DEFAULT_IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:v0.5.3"}
-GPU_OF_TOPOLOGY = {"HGX-B200": "B200", "GB200-NVL72": "GB200"}
-SGLANG_BOOTSTRAP_PORT = 8998
 _DRAIN = (
     "sleep 5; i=0; while [ $i -lt {limit} ]; do "
     "n=$( (curl -s localhost:{port}/metrics || wget -qO- localhost:{port}/metrics) 2>/dev/null"
-    " | grep -E '^vllm:num_requests_running' | awk '{{s+=$2}} END {{print int(s)}}'); "
+    " | grep -E '^" + names.RUNNING + "' | awk '{{s+=$2}} END {{print int(s)}}'); "
     '[ "${{n:-0}}" -eq 0 ] && exit 0; i=$((i+1)); sleep 1; done'
 )
+
+
+# Every engine publishes its KV-cache events (ZMQ, vLLM's format; SGLang reads the same JSON and ignores
+# the enable key) on its pod IP; the router subscribes to the pod's kv-events/kv-replay ports.
+KV_EVENTS_CONFIG = json.dumps(
+    {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{L.KV_EVENTS_PORT}",
+     "replay_endpoint": f"tcp://*:{L.KV_REPLAY_PORT}", "topic": L.KV_EVENTS_TOPIC},
+    separators=(",", ":"),
+)  # fmt: skip
 
 
 def image_for(spec: DisaggregatedDeploymentSpec, own_image: str) -> str:
@@ -25,26 +34,43 @@ def image_for(spec: DisaggregatedDeploymentSpec, own_image: str) -> str:
     return own_image if spec.engine.kind == "emulator" else DEFAULT_IMAGES[spec.engine.kind]
 
 
+def nixl_backends(spec: DisaggregatedDeploymentSpec) -> tuple[str, ...]:
+    """NIXL transports the network profile needs besides UCX's default (LIBFABRIC on AWS EFA)."""
+    if spec.network is None or spec.engine.kv_connector != "NixlConnector":
+        return ()
+    return fabrics.PROFILES[spec.network.profile].parts(1).nixl_backends
+
+
 def _vllm_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
     argv = ["vllm", "serve", spec.model.name, "--port", str(L.ENGINE_PORT)]
     argv += ["--tensor-parallel-size", str(pool.tp)]
+    if pool.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(pool.data_parallel_size)]
+    if pool.expert_parallel:
+        argv += ["--enable-expert-parallel"]
     if role == "worker":
         argv += ["--enable-chunked-prefill"]
     else:
-        config = {"kv_connector": spec.engine.kv_connector, "kv_role": "kv_both"}
+        config: dict[str, object] = {"kv_connector": spec.engine.kv_connector, "kv_role": "kv_both"}
+        if backends := nixl_backends(spec):
+            config["kv_connector_extra_config"] = {"backends": list(backends)}
         argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
     return argv
 
 
 def _sglang_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
-    argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT), "--tp", str(pool.tp)]
+    argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT), "--tp", str(pool.world_size)]
+    if pool.data_parallel_size > 1:  # SGLang's --tp is the world size; data-parallel attention splits it
+        argv += ["--dp-size", str(pool.data_parallel_size), "--enable-dp-attention"]
+    if pool.expert_parallel:
+        argv += ["--ep-size", str(pool.world_size)]
     if role == "worker":
         return [*argv, "--enable-mixed-chunk"]
     backend = "nixl" if spec.engine.kv_connector == "NixlConnector" else "mooncake"
     argv += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
     if role == "prefill":
-        argv += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
+        argv += ["--disaggregation-bootstrap-port", str(L.SGLANG_BOOTSTRAP_PORT)]
     return argv
 
 
@@ -56,7 +82,7 @@ def command(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> lis
         argv = _vllm_argv(spec, role, pool)
         if spec.engine.kind == "emulator":
             argv = ["xpyd", "emulate", "--", *argv]
-    return [*argv, *spec.engine.args, *pool.args]
+    return [*argv, "--kv-events-config", KV_EVENTS_CONFIG, *spec.engine.args, *pool.args]
 
 
 def _field(name: str, path: str) -> dict[str, Any]:
@@ -73,20 +99,33 @@ def env(spec: DisaggregatedDeploymentSpec, owner_name: str, role: str, domain: s
         {"name": L.ENV_ROLE, "value": role},
         {"name": L.ENV_DEPLOYMENT, "value": owner_name},
     ]
+    topology = spec.topology.hardware
     if domain is not None:
         out.append({"name": L.ENV_NVLINK_DOMAIN, "value": domain})
-    elif spec.topology.kind == "HGX-B200":
+    elif topology is not None and topology.nvlink_domain == "node":
         out.append(_field(L.ENV_NVLINK_DOMAIN, "spec.nodeName"))
-    gpu = GPU_OF_TOPOLOGY.get(spec.topology.kind)
-    if gpu:
-        out.append({"name": L.ENV_GPU, "value": gpu})
-    out += [{"name": e.name, "value": e.value} for e in spec.engine.env]
+    if topology is not None:
+        out.append({"name": L.ENV_GPU, "value": topology.gpu.name})
+    for e in spec.engine.env:
+        if e.value_from is not None:
+            ref = e.value_from.secret_key_ref
+            out.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            out.append({"name": e.name, "value": e.value})
     return out
+
+
+def needs_limit(resource: str) -> bool:
+    """Extended resources (a domain outside kubernetes.io: nvidia.com/gpu, rdma/ib, ...) and hugepages
+    cannot be overcommitted: the API server rejects a request without an equal limit."""
+    domain, _, _ = resource.rpartition("/")
+    native = not domain or domain == "kubernetes.io" or domain.endswith(".kubernetes.io")
+    return resource.startswith("hugepages-") or not native
 
 
 def resources(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
     requests: dict[str, str] = dict(spec.engine.resources)
-    limits: dict[str, str] = {}
+    limits: dict[str, str] = {k: v for k, v in requests.items() if needs_limit(k)}
     if pool.gpus_per_replica > 0:
         requests[L.GPU_RESOURCE] = limits[L.GPU_RESOURCE] = str(pool.gpus_per_replica)
     out: dict[str, Any] = {}
@@ -109,7 +148,9 @@ def container(
     if role != "worker":
         ports.append({"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"})
     if spec.engine.kind == "sglang" and role == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+        ports.append({"name": "bootstrap", "containerPort": L.SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
+    ports.append({"name": L.KV_EVENTS_PORT_NAME, "containerPort": L.KV_EVENTS_PORT, "protocol": "TCP"})
+    ports.append({"name": L.KV_REPLAY_PORT_NAME, "containerPort": L.KV_REPLAY_PORT, "protocol": "TCP"})
     health = {"httpGet": {"path": "/health", "port": "http"}}
     drain = _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT)
     return {

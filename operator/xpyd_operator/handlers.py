@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from xpyd_api import labels as L
-from xpyd_operator import hooks
+from xpyd_operator.autoscaler import Autoscalers
 from xpyd_operator.kube import Kube, make_client
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue
@@ -46,10 +46,10 @@ def wants_reconcile(event_type: str | None, body: dict[str, Any]) -> bool:
 
 
 async def resync_loop(memo: Any, options: Options) -> None:
-    """Every period: enqueue every object (level-based re-check) and run the registered hooks."""
+    """Every period: enqueue every object (level-based re-check) and start the autoscaler loops it needs."""
     kube: Kube = memo.kube
     queue: WorkQueue = memo.queue
-    state: dict[str, Any] = {}
+    autoscalers: Autoscalers = memo.autoscalers
     while True:
         await asyncio.sleep(options.resync_seconds)
         try:
@@ -58,7 +58,7 @@ async def resync_loop(memo: Any, options: Options) -> None:
                 objs += await kube.list_dds(ns)
             for obj in objs:
                 queue.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
-            await hooks.run_all(hooks.ResyncContext(kube.client, objs, options.resync_seconds, state))
+            autoscalers.ensure(objs)
         except Exception as exc:
             log.warning("resync failed: %s", exc)
 
@@ -97,14 +97,16 @@ def register(registry: kopf.OperatorRegistry, options: Options) -> None:
         memo.kube = Kube(make_client())
         memo.reconciler = Reconciler(memo.kube, options.config)
         memo.queue = WorkQueue(memo.reconciler.reconcile, concurrency=options.concurrency)
+        memo.autoscalers = Autoscalers(memo.kube.client, lambda ns, name: memo.queue.add((ns, name)))
         memo.resync = asyncio.get_running_loop().create_task(resync_loop(memo, options))
-        log.info("xpyd operator started; plugins: %s", hooks.load_plugins() or "none")
+        log.info("xpyd operator started")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
         memo.resync.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await memo.resync
+        await memo.autoscalers.close()
         await memo.queue.close()
         await memo.kube.client.close()
 

@@ -25,6 +25,7 @@ from xpyd_operator.desired import Observed
 from xpyd_operator.meta import Owner
 from xpyd_operator.opmetrics import write
 from xpyd_operator.placement import NodeInfo, PodInfo, Reservation
+from xpyd_perf import Topology
 
 DD = create_namespaced_resource(L.GROUP, L.VERSION, L.KIND, L.PLURAL)
 ComputeDomain = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
@@ -134,8 +135,9 @@ class Kube:
             self._nodes = (now, [node_info(as_dict(n)) async for n in self.client.list(Node)])
         return list(self._nodes[1])
 
-    async def observe(self, owner: Owner, topology: str) -> Observed:
-        obs = Observed(compute_domain_crd=await self.compute_domain_crd() if topology == "GB200-NVL72" else False)
+    async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
+        wants_cd = topology is not None and topology.compute_domain
+        obs = Observed(compute_domain_crd=await self.compute_domain_crd() if wants_cd else False)
         selector: dict[str, Any] = {L.DEPLOYMENT: owner.name, L.MANAGED_BY: L.MANAGER}
         for kind, res in KINDS.items():
             if kind == "ComputeDomain" and not obs.compute_domain_crd:
@@ -149,7 +151,7 @@ class Kube:
         pods = [as_dict(p) async for p in self.client.list(Pod, namespace=owner.namespace, labels=mine)]
         obs.own_pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(L.ROLE) != "router"]
         obs.nodes = await self.nodes()
-        if topology == "GB200-NVL72":
+        if topology is not None and topology.nvlink_domain == "clique":  # free GPUs per clique, cluster-wide
             infos = [pod_info(as_dict(p)) async for p in self.client.list(Pod, namespace="*")]
             obs.pods = [p for p in infos if p is not None and p.gpus > 0]
             ours: dict[str, Any] = {L.MANAGED_BY: L.MANAGER}

@@ -6,8 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from xpyd_api import labels
-
-PRODUCT_OF = {"HGX-B200": labels.PRODUCT_B200, "GB200-NVL72": labels.PRODUCT_GB200}
+from xpyd_perf import Topology
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class Demand:
 @dataclass(frozen=True)
 class Placement:
     node_selector: dict[str, str]
-    pins: dict[str, str | None]  # role -> clique it is pinned to (NVL72), None when unpinned
+    pins: dict[str, str | None]  # role -> clique it is pinned to (rack-scale systems), None when unpinned
     satisfied: bool
     reason: str
     message: str
@@ -58,23 +57,23 @@ class Placement:
     cliques: list[str] = field(default_factory=list)
 
 
-def node_selector(topology: str) -> dict[str, str]:
-    product = PRODUCT_OF.get(topology)
-    return {labels.GPU_PRODUCT: product} if product else {}
+def node_selector(topology: Topology | None) -> dict[str, str]:
+    """The node selector of a topology's pods; none for Any."""
+    return topology.node_selector() if topology is not None else {}
 
 
-def eligible(nodes: Iterable[NodeInfo], topology: str) -> list[NodeInfo]:
+def eligible(nodes: Iterable[NodeInfo], topology: Topology | None) -> list[NodeInfo]:
     wanted = node_selector(topology)
     return [n for n in nodes if n.schedulable and all(n.labels.get(k) == v for k, v in wanted.items())]
 
 
-def unschedulable_reason(nodes: Iterable[NodeInfo], topology: str, demands: Iterable[Demand]) -> str | None:
+def unschedulable_reason(nodes: Iterable[NodeInfo], topology: Topology | None, demands: Iterable[Demand]) -> str | None:
     """Why no node can ever hold one replica of some pool, or None when every pool fits somewhere."""
     pool = eligible(nodes, topology)
     biggest = max((n.gpus for n in pool), default=0)
     for d in demands:
         if d.gpus_per_replica > biggest:
-            where = f"{topology} nodes" if topology != "Any" else "nodes"
+            where = f"{topology.name} nodes" if topology is not None else "nodes"
             return (
                 f"{d.role}.gpusPerReplica={d.gpus_per_replica} fits no node: the largest of "
                 f"{len(pool)} schedulable {where} has {biggest} allocatable GPUs"
@@ -85,7 +84,7 @@ def unschedulable_reason(nodes: Iterable[NodeInfo], topology: str, demands: Iter
 def free_by_clique(
     nodes: Iterable[NodeInfo], pods: Iterable[PodInfo], reservations: Iterable[Reservation], me: str
 ) -> dict[str, int]:
-    """Free GPUs per NVL72 clique, not counting what deployment `me` already holds."""
+    """Free GPUs per clique (one NVLink domain of a rack), not counting what deployment `me` already holds."""
     clique_of = {n.name: n.labels[labels.GPU_CLIQUE] for n in nodes if labels.GPU_CLIQUE in n.labels}
     free: dict[str, int] = {}
     for n in nodes:
@@ -110,8 +109,11 @@ def _best_fit(free: Mapping[str, int], need: int) -> str | None:
     return min(fits)[1] if fits else None
 
 
-def place_nvl72(free: Mapping[str, int], demands: list[Demand], current: Mapping[str, str | None]) -> Placement:
-    sel = node_selector("GB200-NVL72")
+def place_in_cliques(
+    topology: Topology, free: Mapping[str, int], demands: list[Demand], current: Mapping[str, str | None]
+) -> Placement:
+    """Rack-scale systems: the whole unit in one clique when it fits, else each pool where it fits."""
+    sel = topology.node_selector()
     unit = sum(d.gpus for d in demands)
     now = {current.get(d.role) for d in demands}
     kept = next(iter(now)) if len(now) == 1 else None
@@ -134,7 +136,7 @@ def place_nvl72(free: Mapping[str, int], demands: list[Demand], current: Mapping
         pick = here if here is not None and room.get(here, -1) >= d.gpus else _best_fit(room, d.gpus)
         pins[d.role] = pick
         if pick is None:
-            notes.append(f"{d.role} ({d.gpus} GPUs) fits no single rack and spreads over GB200 nodes")
+            notes.append(f"{d.role} ({d.gpus} GPUs) fits no single rack and spreads over {topology.gpu.name} nodes")
         else:
             room[pick] -= d.gpus
             notes.append(f"{d.role} ({d.gpus} GPUs) in clique {pick}")
@@ -144,23 +146,23 @@ def place_nvl72(free: Mapping[str, int], demands: list[Demand], current: Mapping
 
 
 def place(
-    topology: str,
+    topology: Topology | None,
     demands: list[Demand],
     free: Mapping[str, int] | None = None,
     current: Mapping[str, str | None] | None = None,
 ) -> Placement:
-    """The placement for one deployment; `free` (from free_by_clique) is needed for GB200-NVL72 only."""
+    """The placement for one deployment; `free` (from free_by_clique) is needed on rack-scale systems only."""
     sel = node_selector(topology)
     pins: dict[str, str | None] = {d.role: None for d in demands}
     single = len(demands) == 1
-    if topology == "GB200-NVL72":
-        return place_nvl72(free or {}, demands, current or {})
-    if topology == "HGX-B200":
+    if topology is not None and topology.nvlink_domain == "clique":
+        return place_in_cliques(topology, free or {}, demands, current or {})
+    if topology is not None:
         tps = {d.role: d.tp for d in demands}
         if len(set(tps.values())) > 1:
             sizes = ",".join(f"{role} tp={tp}" for role, tp in sorted(tps.items()))
             msg = f"tensor-parallel sizes differ ({sizes}): KV handoff slices leave their rail"
             return Placement(sel, pins, False, "TensorParallelMismatch", msg, "RDMA")
-        msg = "replicas stay within one B200 node; the KV handoff crosses the node's NICs rail by rail"
+        msg = f"replicas stay within one {topology.gpu.name} node; the KV handoff crosses the node's NICs rail by rail"
         return Placement(sel, pins, True, "OneNodePerReplica", msg, "Local" if single else "RDMA")
     return Placement(sel, pins, True, "NoTopology", "topology Any pins nothing", "Local" if single else "Unknown")

@@ -6,10 +6,11 @@ from typing import Any
 
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_operator import engine
+from xpyd_operator import engine, podneeds, podsecurity, rollout
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
 CHANNEL_CLAIM = "imex-channel"
+SHM_VOLUME = "dshm"
 GPU_TOLERATION = {"key": L.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -38,11 +39,20 @@ def pod_template(
     if clique is not None:
         pod_labels[L.NVLINK_DOMAIN_LABEL] = clique
     main = engine.container(spec, owner.name, role, pool, clique, own_image)
+    pod_labels[L.ENGINE_REV] = rollout.engine_rev(main["image"], spec.engine.kv_connector)
+    main["securityContext"] = podsecurity.engine_container_context(spec, main["resources"].get("requests", {}))
     pod: dict[str, Any] = {
         "containers": [main],
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + 15,
         "enableServiceLinks": False,
+        "securityContext": podsecurity.engine_pod_context(spec),
     }
+    if main["securityContext"].get("readOnlyRootFilesystem"):
+        main["volumeMounts"] = [podsecurity.tmp_mount()]
+        pod["volumes"] = [podsecurity.tmp_volume()]
+    else:  # NCCL and the engines' worker processes share tensors through /dev/shm (64 MiB by default)
+        main["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+        pod["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
     if (affinity := _affinity(clique)) is not None:
@@ -58,7 +68,8 @@ def pod_template(
         "prometheus.io/port": str(L.ENGINE_PORT),
         "prometheus.io/path": "/metrics",
     }
-    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+    out = {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
+    return podneeds.dress(out, spec, pool, compute_domain and clique is not None)
 
 
 def statefulset(

@@ -11,9 +11,11 @@ from pydantic import ValidationError
 
 from xpyd_api import conditions as C
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
-from xpyd_operator import opmetrics, statuscalc
-from xpyd_operator.desired import Desired, Observed, autoscaled, desire, needs_apply, obsolete
-from xpyd_operator.meta import Owner, default_own_image
+from xpyd_api.podmodels import NetworkSpec
+from xpyd_operator import opmetrics, rollout, statuscalc
+from xpyd_operator.desired import Desired, Observed, autoscaled, desire, needs_apply, obsolete, with_defaults
+from xpyd_operator.meta import Owner, child_name, default_own_image
+from xpyd_perf import Topology
 
 log = logging.getLogger("xpyd.operator")
 _WORKLOADS = {"StatefulSet", "Deployment"}
@@ -24,7 +26,7 @@ class KubeApi(Protocol):
     """What the reconciler needs from the API server (kube.Kube in production, a fake in tests)."""
 
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    async def observe(self, owner: Owner, topology: str) -> Observed: ...
+    async def observe(self, owner: Owner, topology: Topology | None) -> Observed: ...
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]: ...
     async def delete(self, kind: str, name: str, namespace: str) -> None: ...
     async def apply_status(self, owner: Owner, status: dict[str, Any]) -> None: ...
@@ -35,6 +37,8 @@ class KubeApi(Protocol):
 class Config:
     own_image: str = ""
     router_image: str = ""
+    image_pull_secrets: tuple[str, ...] = ()  # for every pod the operator makes, in any namespace
+    default_network: NetworkSpec | None = None  # for deployments without spec.network (--default-network)
 
     def images(self) -> tuple[str, str]:
         own = self.own_image or default_own_image()
@@ -46,13 +50,6 @@ class Outcome:
     applied: list[str]
     deleted: list[str]
     status_written: bool
-
-
-def _old_status(obj: dict[str, Any]) -> DisaggregatedDeploymentStatus:
-    try:
-        return DisaggregatedDeploymentStatus.model_validate(obj.get("status") or {})
-    except ValidationError:
-        return DisaggregatedDeploymentStatus()
 
 
 def _key(manifest: dict[str, Any]) -> tuple[str, str]:
@@ -74,7 +71,7 @@ class Reconciler:
     def __init__(self, kube: KubeApi, config: Config | None = None) -> None:
         self.kube = kube
         self.config = config or Config()
-        self.placement_lock = asyncio.Lock()  # NVL72 clique choices are made one at a time
+        self.placement_lock = asyncio.Lock()  # clique choices (rack-scale systems) are made one at a time
 
     async def reconcile(self, namespace: str, name: str) -> Outcome | None:
         with opmetrics.RECONCILE_SECONDS.time():
@@ -93,13 +90,14 @@ class Reconciler:
             return None
         owner = Owner(name, namespace, obj["metadata"]["uid"])
         generation = obj["metadata"].get("generation")
-        old = _old_status(obj)
+        old = DisaggregatedDeploymentStatus.read(obj.get("status"))
         try:
             spec = DisaggregatedDeploymentSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             return await self._invalid(owner, generation, old, exc)
-        spec = autoscaled(spec, old.autoscaler)
-        if spec.topology.kind == "GB200-NVL72":
+        spec = with_defaults(autoscaled(spec, old.autoscaler), self.config.default_network)
+        topology = spec.topology.hardware
+        if topology is not None and topology.nvlink_domain == "clique":
             async with self.placement_lock:
                 return await self._converge(owner, generation, spec, old)
         return await self._converge(owner, generation, spec, old)
@@ -111,13 +109,17 @@ class Reconciler:
         spec: DisaggregatedDeploymentSpec,
         old: DisaggregatedDeploymentStatus,
     ) -> Outcome:
-        observed = await self.kube.observe(owner, spec.topology.kind)
+        observed = await self.kube.observe(owner, spec.topology.hardware)
         own_image, router_image = self.config.images()
-        desired: Desired = desire(owner, spec, observed, own_image, router_image)
+        desired: Desired = desire(owner, spec, observed, own_image, router_image, self.config.image_pull_secrets)
         applied: list[str] = []
         deleted: list[str] = []
         if desired.error is None:
             todo = [m for m in desired.children if needs_apply(m, observed.children.get(_key(m)))]
+            wanted = {_key(m): m for m in desired.children}
+            first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
+            if rollout.held_back(wanted, observed.children, first, then):
+                todo = [m for m in todo if _key(m) != ("StatefulSet", then)]  # prefill waits for decode
             # Supporting objects first, then the workloads that use them; each phase in parallel.
             for phase in (False, True):
                 batch = [m for m in todo if (m["kind"] in _WORKLOADS) is phase]

@@ -6,6 +6,7 @@ from typing import Any
 
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec
+from xpyd_operator import podsecurity
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
 ROLE = "router"
@@ -18,6 +19,16 @@ RULES: list[dict[str, Any]] = [
 ]
 
 
+# Requests for the scheduler; limits for namespaces whose quota demands them. The router is one asyncio
+# process, so a CPU limit of 2 never throttles it; memory covers the prefix index and buffered bodies.
+RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "500m", "memory": "256Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+# Spread replicas over nodes, softly: a one-node cluster still schedules them all.
+SPREAD_KEYS = (L.HOSTNAME,)
+
+
 def name(owner: Owner) -> str:
     return child_name(owner, ROLE)
 
@@ -26,7 +37,11 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
     cmd = ["xpyd", "router", "--deployment", owner.name, "--namespace", owner.namespace]
     cmd += ["--host", "$(POD_IP)", "--port", str(L.ROUTER_PORT), "--policy", spec.router.policy]
     cmd += ["--engine", "sglang" if spec.engine.kind == "sglang" else "vllm"]
-    probe = {"tcpSocket": {"port": "http"}, "periodSeconds": 5}
+    if spec.engine.kind == "emulator":  # the router then keys prefixes by the emulator's tokens: its KV events apply
+        cmd += ["--tokenizer", "emulator"]
+    # Ready once it routes (/health: a ready decode or co-located worker); alive while its loop answers.
+    ready = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3}
+    alive = {"httpGet": {"path": "/metrics", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "router",
         "image": spec.router.image or image,
@@ -35,11 +50,26 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
             {"name": L.ENV_ROUTER_POLICY, "value": spec.router.policy},
             {"name": L.ENV_DEPLOYMENT, "value": owner.name},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *api_key_env(spec),
         ],
         "ports": [{"name": "http", "containerPort": L.ROUTER_PORT, "protocol": "TCP"}],
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+        "readinessProbe": ready,
+        "livenessProbe": {**alive, "failureThreshold": 6},
+        "resources": {k: dict(v) for k, v in RESOURCES.items()},
+        "securityContext": podsecurity.restricted_container_context(),
+        "volumeMounts": [podsecurity.tmp_mount()],
+    }
+    mine = {"matchLabels": selector(owner, ROLE)}
+    spread = [
+        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": mine}
+        for key in SPREAD_KEYS
+    ]
+    pod = {
+        "serviceAccountName": name(owner),
+        "securityContext": podsecurity.restricted_pod_context(),
+        "containers": [container],
+        "volumes": [podsecurity.tmp_volume()],
+        "topologySpreadConstraints": spread,
     }
     annotations = {
         "prometheus.io/scrape": "true",
@@ -55,10 +85,19 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
             "selector": {"matchLabels": selector(owner, ROLE)},
             "template": {
                 "metadata": {"labels": labels_for(owner, ROLE), "annotations": annotations},
-                "spec": {"serviceAccountName": name(owner), "containers": [container]},
+                "spec": pod,
             },
         },
     }
+
+
+def api_key_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
+    """The router's API key from the user's Secret (never a literal in the pod spec), if one is asked for."""
+    ref = spec.router.api_key_secret
+    if ref is None:
+        return []
+    source = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+    return [{"name": L.ENV_ROUTER_API_KEY, "valueFrom": source}]
 
 
 def service(owner: Owner) -> dict[str, Any]:
@@ -87,4 +126,16 @@ def role_binding(owner: Owner) -> dict[str, Any]:
         "metadata": metadata_for(owner, name(owner), ROLE),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name(owner)},
         "subjects": [{"kind": "ServiceAccount", "name": name(owner), "namespace": owner.namespace}],
+    }
+
+
+def disruption_budget(owner: Owner, spec: DisaggregatedDeploymentSpec) -> dict[str, Any] | None:
+    """At most one router down at a time during node drains; none for a single router (it would block drains)."""
+    if spec.router.replicas <= 1:
+        return None
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata_for(owner, name(owner), ROLE),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner, ROLE)}},
     }

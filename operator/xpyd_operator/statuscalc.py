@@ -11,6 +11,7 @@ from xpyd_api.models import (
     DisaggregatedDeploymentStatus,
     PoolStatus,
 )
+from xpyd_operator import rollout
 from xpyd_operator.desired import Desired, Observed
 from xpyd_operator.meta import Owner, child_name
 
@@ -48,13 +49,13 @@ def _rolling(observed: Observed, owner: Owner, roles: list[str]) -> list[str]:
 def worthwhile(spec: DisaggregatedDeploymentSpec, gen: int | None) -> Condition:
     from xpyd_perf import break_even
 
-    kind = spec.topology.kind
+    topology = spec.topology.hardware
     pool = spec.prefill or spec.worker
-    if kind == "Any" or pool is None:
+    if topology is None or pool is None:
         return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NoTopology", "topology Any: no hardware to model", gen)
     try:
         verdict = break_even(
-            spec.model.name, kind, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
+            spec.model.name, topology.name, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
         )
     except ValueError as exc:  # unknown model/topology or a replica the model cannot place
         return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NotModelled", str(exc), gen)
@@ -73,7 +74,8 @@ def _placement_conditions(
     if pl is None:
         return []
     out = [C.make(C.TOPOLOGY_SATISFIED, pl.satisfied, pl.reason, pl.message, gen)]
-    if spec.topology.kind == "GB200-NVL72":
+    topology = spec.topology.hardware
+    if topology is not None and topology.compute_domain:
         if not observed.compute_domain_crd:
             msg = "ComputeDomain (resource.nvidia.com/v1beta1) is not installed: no IMEX channel for NVLink"
             out.append(C.make(C.COMPUTE_DOMAIN, False, "ComputeDomainCRDMissing", msg, gen))
@@ -96,6 +98,8 @@ def compute(
 ) -> DisaggregatedDeploymentStatus:
     roles = list(spec.pools())
     pools = {role: pool_status(observed, owner, role) for role in roles}
+    for role, pool in pools.items():
+        pool.images = rollout.serving_revisions(observed.own_pods, role) or None
     router = pool_status(observed, owner, "router", "Deployment")
     nodes = sorted({p.get("spec", {}).get("nodeName") for p in observed.own_pods} - {None, ""})
     conds: list[Condition] = []
@@ -111,7 +115,13 @@ def compute(
         reason = "AllReplicasReady" if ready else "ReplicasNotReady"
         conds.append(C.make(C.READY, ready, reason, ", ".join(counts) + " ready", generation))
         rolling = _rolling(observed, owner, roles)
-        if rolling:
+        wanted = {(m["kind"], m["metadata"]["name"]): m for m in desired.children}
+        first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
+        held_prefill = rollout.held_back(wanted, observed.children, first, then)
+        if held_prefill:
+            msg = f"engine upgrade: decode rolls first, prefill waits (rolling out {', '.join(rolling) or 'decode'})"
+            conds.append(C.make(C.PROGRESSING, True, "EngineUpgradeDecodeFirst", msg, generation))
+        elif rolling:
             msg = f"rolling out {', '.join(rolling)}"
             conds.append(C.make(C.PROGRESSING, True, "RollingOut", msg, generation))
         elif not ready:

@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, the upstream client session, the /metrics scraper, discovery."""
+"""The aiohttp application: routes, the upstream client session, worker health checks, discovery."""
 
 from __future__ import annotations
 
@@ -8,43 +8,18 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from xpyd_router.health import HealthChecker, health_loop, publish
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.model import WORKER_ROLES
 from xpyd_router.pool import WorkerPool
 from xpyd_router.proxy import JSON, Proxy, ProxyConfig, error_response
-from xpyd_router.scrape import parse_metrics
 
 Background = Callable[[WorkerPool], Coroutine[Any, Any, None]]
-
-
-async def scrape_once(session: aiohttp.ClientSession, pool: WorkerPool, metrics: RouterMetrics) -> None:
-    async def one(name: str) -> None:
-        try:
-            async with session.get(name + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                text = await resp.text() if resp.status == 200 else None
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            text = None
-        pool.apply_metrics(name, parse_metrics(text) if text is not None else None)
-
-    await asyncio.gather(*(one(name) for name in list(pool.workers)))
-    for role in WORKER_ROLES:
-        members = [w for w in pool.workers.values() if w.role == role]
-        ready = sum(1 for w in members if w.healthy and not w.draining)
-        draining = sum(1 for w in members if w.draining)
-        metrics.workers.labels(metrics.deployment, role, "ready").set(ready)
-        metrics.workers.labels(metrics.deployment, role, "draining").set(draining)
-        metrics.workers.labels(metrics.deployment, role, "unhealthy").set(len(members) - ready - draining)
-
-
-async def scrape_loop(
-    session: aiohttp.ClientSession, pool: WorkerPool, metrics: RouterMetrics, interval: float
-) -> None:
-    while True:
-        await scrape_once(session, pool, metrics)
-        await asyncio.sleep(interval)
+MODELS_TIMEOUT = 5.0  # seconds for one worker's /v1/models
+_ERRORS = (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError)
 
 
 def build_app(
@@ -60,29 +35,44 @@ def build_app(
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-        timeout = aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5)
-        proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        timeout = aiohttp.ClientTimeout(total=30, connect=config.connect_timeout)
+        session = proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        checker = HealthChecker(session, pool)
+        # Every worker, static or discovered, answers /health before its first request.
+        for worker in pool.workers.values():
+            worker.healthy = False
+        pool.on_added = checker.check_soon
+        await checker.check_all()
+        publish(pool, metrics)
         tasks: list[asyncio.Task[None]] = [asyncio.create_task(job(pool)) for job in background or []]
-        tasks.append(asyncio.create_task(scrape_loop(proxy.session, pool, metrics, scrape_interval)))
+        tasks.append(asyncio.create_task(health_loop(checker, metrics, scrape_interval)))
         yield
+        pool.on_added = None
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await proxy.session.close()
+        await checker.close()
+        await session.close()
         proxy.upstream.close()
 
-    async def models(_: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
+        denied = proxy.unauthorized(request)
+        if denied is not None:
+            return denied
         assert proxy.session is not None
+        limit = aiohttp.ClientTimeout(total=MODELS_TIMEOUT)
         for role in ("decode", "worker", "prefill"):
             for worker in pool.ready(role):
                 try:
-                    async with proxy.session.get(worker.name + "/v1/models") as resp:
-                        return web.Response(status=resp.status, body=await resp.read(), content_type=JSON)
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    pool.mark_failed(worker.name)
-        return error_response(503, "no ready worker to list models", "service_unavailable")
+                    async with proxy.session.get(worker.name + "/v1/models", timeout=limit) as resp:
+                        data = await resp.read()
+                    if resp.status == 200 and isinstance(orjson.loads(data), dict):
+                        return web.Response(body=data, content_type=JSON)
+                except _ERRORS:
+                    continue
+        return error_response(503, "no worker could list the models", "service_unavailable")
 
     async def health(_: web.Request) -> web.Response:
         counts = {role: len(pool.ready(role)) for role in ("prefill", "decode", "worker")}

@@ -4,26 +4,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import logging
+import math
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 import uvloop
-from aiohttp import web
 
+from xpyd_api import labels as L
+from xpyd_router.access import API_KEY_ENV, load_api_key
 from xpyd_router.app import Background, build_app
+from xpyd_router.block_keys import RequestKeys
+from xpyd_router.engine_tokens import make_tokenizer
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policies import POLICIES, KvAwarePolicy, make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg
 from xpyd_router.proxy import ProxyConfig
+from xpyd_router.server import GuardedSite, make_runner
+
+TIMEOUTS = ("connect", "first_byte", "idle", "request", "header", "body")
+
+
+class UsageError(Exception):
+    """A bad command line; the message names the problem."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="xpyd router", description="KV-aware OpenAI-compatible router")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p = _Parser(prog="xpyd router", description="KV-aware OpenAI-compatible router")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (in a pod: --host $(POD_IP))")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--prefill", nargs="+", default=[], metavar="URL[@domain]", help="prefill workers")
     p.add_argument("--decode", nargs="+", default=[], metavar="URL[@domain]", help="decode workers")
@@ -35,20 +54,61 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-chars", type=int, default=DEFAULT_BLOCK_CHARS, help="prefix block size in bytes")
     p.add_argument("--chars-per-token", type=float, default=4.0, help="to size each worker's prefix LRU")
     p.add_argument(
+        "--tokenizer", default="none", metavar="none|emulator|PATH",
+        help="the engines' tokenizer, so prefix keys are their KV blocks and their KV events can feed the index: "
+        "'emulator' for xpyd emulate, a tokenizer.json path for a real model, 'none' for byte blocks",
+    )  # fmt: skip
+    p.add_argument("--block-size", type=int, default=16, help="tokens per engine KV block (with --tokenizer)")
+    p.add_argument(
+        "--kv-events-port", type=int, default=0,
+        help="static workers: subscribe to KV events on this port of each worker's host (0: none; needs --tokenizer)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-replay-port", type=int, default=None,
+        help="their replay port (0: none; default: events port + 100, the operator's pair 5557/5657)",
+    )  # fmt: skip
+    p.add_argument("--kv-events-topic", default="", help="topic prefix to subscribe to (default: all)")
+    p.add_argument(
+        "--peers",
+        nargs="+",
+        default=[],
+        metavar="URL",
+        help="the other router replicas' base URLs: each replica shares its in-flight counts with them",
+    )
+    p.add_argument("--peer-sync", type=float, default=0.1, help="seconds between in-flight count exchanges")
+    p.add_argument(
         "--direct-below-chars", type=int, default=2048,
         help="kv-aware: uncached prompts shorter than this skip prefill and go to decode (0: never)",
     )  # fmt: skip
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
     p.add_argument("--max-attempts", type=int, default=3, help="tries per request over distinct workers")
     p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger bodies get 413")
-    p.add_argument("--bootstrap-port", type=int, default=8998, help="SGLang prefill bootstrap port")
+    p.add_argument("--bootstrap-port", type=int, default=L.SGLANG_BOOTSTRAP_PORT, help="SGLang prefill bootstrap port")
+    p.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to connect to a worker")
     p.add_argument(
-        "--upstream-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a worker may stay silent (before its headers or between chunks) before the hop fails",
-    )
-    p.add_argument("--log-level", default="WARNING")
+        "--first-byte-timeout", type=float, default=120.0,
+        help="seconds from sending a prefill hop or a streamed request to the worker's first body byte",
+    )  # fmt: skip
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="longest silence between a worker's chunks")
+    p.add_argument(
+        "--upstream-timeout", type=float, default=None,
+        help="older single knob: sets both --first-byte-timeout and --idle-timeout",
+    )  # fmt: skip
+    p.add_argument(
+        "--request-timeout", type=float, default=600.0,
+        help="deadline of a whole request; a client may lower it with an X-Request-Timeout header (seconds)",
+    )  # fmt: skip
+    p.add_argument(
+        "--header-timeout", type=float, default=15.0,
+        help="seconds a client has to send its request headers; also how long an idle connection stays",
+    )  # fmt: skip
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds a client has to send its request body")
+    p.add_argument("--max-connections", type=int, default=4096, help="client connections beyond this are answered 503")
+    p.add_argument(
+        "--api-key-file", metavar="PATH",
+        help=f"require 'Authorization: Bearer <key>' with the key in PATH (else ${API_KEY_ENV}, else no key)",
+    )  # fmt: skip
+    p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
@@ -56,7 +116,16 @@ def static_workers(args: argparse.Namespace) -> list[WorkerSpec]:
     specs = [parse_worker_arg(u, "prefill") for u in args.prefill]
     specs += [parse_worker_arg(u, "decode") for u in args.decode]
     specs += [parse_worker_arg(u, "worker") for u in args.worker]
-    return specs
+    if not args.kv_events_port:
+        return specs
+    offset = L.KV_REPLAY_PORT - L.KV_EVENTS_PORT
+    replay = args.kv_events_port + offset if args.kv_replay_port is None else args.kv_replay_port
+    out = []
+    for spec in specs:
+        host = urlsplit(spec.url).hostname
+        events, replays = f"tcp://{host}:{args.kv_events_port}", f"tcp://{host}:{replay}" if replay else ""
+        out.append(dataclasses.replace(spec, kv_events=events, kv_replay=replays))
+    return out
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -70,20 +139,55 @@ def validate(args: argparse.Namespace) -> str | None:
         return "--prefill needs at least one --decode worker"
     if not 0 < args.port < 65536:
         return f"--port must be 1-65535, got {args.port}"
+    if not 0 < args.bootstrap_port < 65536:
+        return f"--bootstrap-port must be 1-65535, got {args.bootstrap_port}"
+    if not (args.chars_per_token > 0 and math.isfinite(args.chars_per_token)):
+        return f"--chars-per-token must be a positive number, got {args.chars_per_token}"
     if args.block_chars <= 0 or args.block_chars % 8:
         return f"--block-chars must be a positive multiple of 8, got {args.block_chars}"
     if args.max_attempts < 1:
         return "--max-attempts must be at least 1"
+    if not 1 <= args.block_size <= 1024:
+        return f"--block-size must be 1-1024 tokens, got {args.block_size}"
+    for flag, port in (("--kv-events-port", args.kv_events_port), ("--kv-replay-port", args.kv_replay_port)):
+        if port is not None and not 0 <= port < 65536:
+            return f"{flag} must be 0-65535, got {port}"
+    if args.kv_events_port and args.tokenizer == "none":
+        return "--kv-events-port needs --tokenizer (emulator or a tokenizer.json): events name blocks by token ids"
+    if args.upstream_timeout is not None:
+        args.first_byte_timeout = args.idle_timeout = args.upstream_timeout
+    for stem in TIMEOUTS:
+        name = f"{stem}_timeout"
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            return f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}"
+    if args.max_connections < 1:
+        return f"--max-connections must be at least 1, got {args.max_connections}"
+    if args.max_body_bytes < 1:
+        return f"--max-body-bytes must be at least 1, got {args.max_body_bytes}"
+    if args.peer_sync <= 0 or not math.isfinite(args.peer_sync):
+        return f"--peer-sync must be a positive number of seconds, got {args.peer_sync}"
+    if args.scrape_interval <= 0 or not math.isfinite(args.scrape_interval):
+        return f"--scrape-interval must be a positive number of seconds, got {args.scrape_interval}"
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        return f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}"
     return None
 
 
 async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
     policy = make_policy(args.policy)
+    keys = RequestKeys(getattr(args, "tokenizer_impl", None), args.block_size, args.block_chars, args.chars_per_token)
     if isinstance(policy, KvAwarePolicy):
-        policy.config.direct_below_blocks = max(0, -(-args.direct_below_chars // args.block_chars))
-    pool = WorkerPool(policy, args.block_chars, args.chars_per_token)
+        chars_per_block = keys.tokens_per_block * args.chars_per_token
+        policy.config = policy.config.for_blocks(keys.tokens_per_block)  # knobs counted in this block size
+        policy.config.direct_below_blocks = max(0, math.ceil(args.direct_below_chars / chars_per_block))
+    pool = WorkerPool(policy, args.block_chars, args.chars_per_token, keys)
     pool.set_workers(specs)
     background: list[Background] = []
+    if keys.engine_aligned:  # engine KV events name blocks by token ids: usable only with the tokenizer
+        from xpyd_router.kv_events import KvEventHub
+
+        background.append(KvEventHub(pool, args.kv_events_topic).run)
     if args.deployment:
         from xpyd_router.discovery import watch_deployment
 
@@ -91,17 +195,38 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
             await watch_deployment(args.deployment, args.namespace, p.set_workers)
 
         background.append(discover)
+    share = None
+    if args.peers:
+        from xpyd_router.loadshare import LoadShare
+
+        share = LoadShare(pool, args.peers, args.peer_sync)
+        background.append(share.run)
     metrics = RouterMetrics(args.deployment or "standalone")
     config = ProxyConfig(
         engine=args.engine,
         max_attempts=args.max_attempts,
         bootstrap_port=args.bootstrap_port,
-        upstream_timeout=args.upstream_timeout,
+        connect_timeout=args.connect_timeout,
+        first_byte_timeout=args.first_byte_timeout,
+        idle_timeout=args.idle_timeout,
+        request_timeout=args.request_timeout,
+        body_timeout=args.body_timeout,
+        api_key=args.api_key,
     )
     app = build_app(pool, metrics, config, args.scrape_interval, background, args.max_body_bytes)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=30)
+    if share is not None:
+        from xpyd_router.loadshare import PATH
+
+        app.router.add_get(PATH, share.handle)
+    runner = make_runner(app, args.header_timeout)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True).start()
+    site = GuardedSite(runner, args.host, args.port, args.max_connections, on_busy=lambda: metrics.error("busy"))
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        problem = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        raise UsageError(f"{problem}; pick another --host/--port") from None
     gc.collect()
     gc.freeze()  # start-up objects are never garbage: keep them out of every later collection
     gc.set_threshold(50_000, 20, 20)  # fewer young-generation passes per request
@@ -117,17 +242,26 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    problem = validate(args)
-    if problem is None:
-        try:
-            specs = static_workers(args)
-        except ValueError as exc:
-            problem = str(exc)
-    if problem is not None:
-        print(f"xpyd router: {problem}", file=sys.stderr)
-        return 2
+    """Exit 0 after a clean stop; 2, with one line on stderr, for a bad command line."""
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        problem = validate(args)
+        if problem is not None:
+            raise UsageError(problem)
+        specs = static_workers(args)
+        args.tokenizer_impl = make_tokenizer(args.tokenizer)
+        args.api_key = load_api_key(args.api_key_file)
+    except (UsageError, ValueError) as exc:
+        return usage_error(exc)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(args, specs))
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve(args, specs))
+    except UsageError as exc:
+        return usage_error(exc)
     return 0
+
+
+def usage_error(exc: Exception) -> int:
+    print(f"xpyd router: {exc} (see xpyd router --help)", file=sys.stderr)
+    return 2

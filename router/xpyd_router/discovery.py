@@ -31,13 +31,14 @@ def pod_worker(pod: Any) -> WorkerSpec | None:
         return None
     if not any(c.type == "Ready" and c.status == "True" for c in status.conditions or []):
         return None
-    port = DEFAULT_PORT
-    for container in spec.containers if spec else []:
-        for p in container.ports or []:
-            if p.name == "http":
-                port = p.containerPort
+    ports = {p.name: p.containerPort for c in (spec.containers if spec else []) for p in c.ports or [] if p.name}
+    port = ports.get("http", DEFAULT_PORT)
     domain = pod_labels.get(labels.NVLINK_DOMAIN_LABEL) or (spec.nodeName if spec else None) or ""
-    return WorkerSpec(f"http://{status.podIP}:{port}", cast(Role, role), domain)
+    rev = pod_labels.get(labels.ENGINE_REV, "")
+    events, replay = (ports.get(n) for n in (labels.KV_EVENTS_PORT_NAME, labels.KV_REPLAY_PORT_NAME))
+    kv_events = f"tcp://{status.podIP}:{events}" if events else ""
+    kv_replay = f"tcp://{status.podIP}:{replay}" if events and replay else ""
+    return WorkerSpec(f"http://{status.podIP}:{port}", cast(Role, role), domain, rev, kv_events, kv_replay)
 
 
 def _name(pod: Any) -> str:

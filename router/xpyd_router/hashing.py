@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -52,8 +53,9 @@ def mix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
+@lru_cache(maxsize=4096)
 def worker_key(name: str) -> int:
-    """A stable 64-bit key for a worker name (its URL or pod name)."""
+    """A stable 64-bit key for a worker name (its URL or pod name); memoized, the names are few."""
     raw = name.encode()
     return (zlib.crc32(raw) << 32) | zlib.adler32(raw)
 
@@ -63,6 +65,12 @@ def rendezvous(key: int, candidates: Sequence[str]) -> str:
     if not candidates:
         raise ValueError("rendezvous needs at least one candidate")
     return max(candidates, key=lambda name: mix64(key ^ worker_key(name)))
+
+
+def weight(key: int, name: str) -> int:
+    """The rendezvous weight of a worker for a key: ranking workers by it gives every replica the
+    same order of homes for that key (the first is `rendezvous`'s choice)."""
+    return mix64(key ^ worker_key(name))
 
 
 AFFINITY_BLOCKS = 32  # 8 KiB of text at the default block size: past typical shared system prompts

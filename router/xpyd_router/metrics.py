@@ -2,60 +2,85 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+
+from xpyd_api import metric_names as names
 
 _HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+class _Flush:
+    """Registered before the series: a scrape first applies what the request path batched up."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._flush = flush
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        self._flush()
+        return []
+
+
 class RouterMetrics:
+    """The series; per-request counts go to plain ints (no lock each) that a scrape applies."""
+
     def __init__(self, deployment: str, registry: CollectorRegistry | None = None) -> None:
         self.deployment = deployment
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        r.register(_Flush(self.flush))
+        self._counts: dict[tuple[str, ...], int] = {}  # (series, *labels) -> increments not applied yet
+        self._hop_counts: dict[str, list[float]] = {}  # hop -> [count per bucket..., sum] not applied yet
         self.requests = Counter(
-            "xpyd_router_requests", "Client requests by endpoint and status code.",
+            names.ROUTER_REQUESTS, "Client requests by endpoint and status code.",
             ["deployment", "endpoint", "code"], registry=r,
         )  # fmt: skip
         self.hop_latency = Histogram(
-            "xpyd_router_hop_latency_seconds",
+            names.ROUTER_HOP_LATENCY,
             "Per-hop latency: prefill (whole hop), decode_first_byte, decode (whole hop), direct.",
             ["deployment", "hop"], buckets=_HOP_BUCKETS, registry=r,
         )  # fmt: skip
         self.decisions = Counter(
-            "xpyd_router_decisions", "Routing decisions by role and reason.",
+            names.ROUTER_DECISIONS, "Routing decisions by role and reason.",
             ["deployment", "role", "reason"], registry=r,
         )  # fmt: skip
         self.prefix_blocks = Counter(
-            "xpyd_router_prompt_blocks", "Prompt blocks routed, by whether the index expected a cache hit.",
+            names.ROUTER_PROMPT_BLOCKS, "Prompt blocks routed, by whether the index expected a cache hit.",
             ["deployment", "cached"], registry=r,
         )  # fmt: skip
         self.prefix_hit_ratio = Gauge(
-            "xpyd_router_prefix_hit_ratio", "Estimated prefix cache hit ratio of routed prompt blocks.",
+            names.ROUTER_PREFIX_HIT_RATIO, "Estimated prefix cache hit ratio of routed prompt blocks.",
             ["deployment"], registry=r,
         )  # fmt: skip
         self.handoffs = Counter(
-            "xpyd_router_kv_handoffs", "Prefill-to-decode KV handoffs by path.",
+            names.ROUTER_KV_HANDOFFS, "Prefill-to-decode KV handoffs by path.",
             ["deployment", "path"], registry=r,
         )  # fmt: skip
         self.errors = Counter(
-            "xpyd_router_errors", "Errors by kind.", ["deployment", "kind"], registry=r,
+            names.ROUTER_ERRORS, "Errors by kind.", ["deployment", "kind"], registry=r,
         )  # fmt: skip
         self.retries = Counter(
-            "xpyd_router_retries", "Hops retried on another worker.", ["deployment", "hop"], registry=r,
+            names.ROUTER_RETRIES, "Hops retried on another worker.", ["deployment", "hop"], registry=r,
         )  # fmt: skip
         self.workers = Gauge(
-            "xpyd_router_workers", "Workers known, by role and state.",
+            names.ROUTER_WORKERS, "Workers known, by role and state.",
             ["deployment", "role", "state"], registry=r,
         )  # fmt: skip
         self.inflight = Gauge(
-            "xpyd_router_inflight_requests", "Client requests in flight.", ["deployment"], registry=r,
+            names.ROUTER_INFLIGHT, "Client requests in flight.", ["deployment"], registry=r,
         )  # fmt: skip
-        self._hits = 0
-        self._blocks = 0
+        self._hits = self._flushed_hits = 0
+        self._blocks = self._flushed_blocks = 0
         # Bound children by label values: labels() costs microseconds on every request otherwise.
         self._hops: dict[str, Histogram] = {}
         self._decisions: dict[tuple[str, str], Counter] = {}
-        self._requests: dict[tuple[str, int], Counter] = {}
+        self._requests: dict[tuple[str, str], Counter] = {}
         self._handoffs: dict[str, Counter] = {}
         self._cached = self.prefix_blocks.labels(deployment, "true")
         self._uncached = self.prefix_blocks.labels(deployment, "false")
@@ -63,38 +88,74 @@ class RouterMetrics:
         self.inflight_now = self.inflight.labels(deployment)
 
     def hop(self, hop: str, seconds: float) -> None:
-        child = self._hops.get(hop)
-        if child is None:
-            child = self._hops[hop] = self.hop_latency.labels(self.deployment, hop)
-        child.observe(seconds)
+        counts = self._hop_counts.get(hop)
+        if counts is None:
+            counts = self._hop_counts[hop] = [0.0] * (len(_HOP_BUCKETS) + 2)
+        counts[bisect_left(_HOP_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
+        counts[-1] += seconds
+
+    def _count(self, key: tuple[str, ...], n: int = 1) -> None:
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + n
 
     def decision(self, role: str, reason: str) -> None:
-        child = self._decisions.get((role, reason))
-        if child is None:
-            child = self._decisions[role, reason] = self.decisions.labels(self.deployment, role, reason)
-        child.inc()
+        self._count(("decision", role, reason))
 
     def request(self, endpoint: str, code: int) -> None:
-        child = self._requests.get((endpoint, code))
-        if child is None:
-            child = self.requests.labels(self.deployment, endpoint, str(code))
-            self._requests[endpoint, code] = child
-        child.inc()
+        self._count(("request", endpoint, str(code)))
 
     def handoff(self, path: str) -> None:
-        child = self._handoffs.get(path)
-        if child is None:
-            child = self._handoffs[path] = self.handoffs.labels(self.deployment, path)
-        child.inc()
+        self._count(("handoff", path))
 
     def prompt(self, blocks: int, hit: int) -> None:
         if blocks <= 0:
             return
-        self._cached.inc(hit)
-        self._uncached.inc(blocks - hit)
         self._hits += hit
         self._blocks += blocks
-        self._ratio.set(self._hits / self._blocks)
+
+    def flush(self) -> None:
+        """Apply the batched counts to the series (a scrape calls this through the registry)."""
+        counts, self._counts = self._counts, {}
+        for (kind, *labels), n in counts.items():
+            if kind == "decision":
+                self._decision_child(labels[0], labels[1]).inc(n)
+            elif kind == "request":
+                self._request_child(labels[0], labels[1]).inc(n)
+            else:
+                self._handoff_child(labels[0]).inc(n)
+        hops, self._hop_counts = self._hop_counts, {}
+        for hop, per_bucket in hops.items():
+            child = self._hops.get(hop)
+            if child is None:
+                child = self._hops[hop] = self.hop_latency.labels(self.deployment, hop)
+            for i, seen in enumerate(per_bucket[:-1]):
+                if seen:
+                    child._buckets[i].inc(seen)  # what Histogram.observe does, `seen` observations at once
+            child._sum.inc(per_bucket[-1])
+        cached, self._flushed_hits = self._hits - self._flushed_hits, self._hits
+        total, self._flushed_blocks = self._blocks - self._flushed_blocks, self._blocks
+        if total:
+            self._cached.inc(cached)
+            self._uncached.inc(total - cached)
+            self._ratio.set(self._hits / self._blocks)
+
+    def _decision_child(self, role: str, reason: str) -> Counter:
+        child = self._decisions.get((role, reason))
+        if child is None:
+            child = self._decisions[role, reason] = self.decisions.labels(self.deployment, role, reason)
+        return child
+
+    def _request_child(self, endpoint: str, code: str) -> Counter:
+        child = self._requests.get((endpoint, code))
+        if child is None:
+            child = self._requests[endpoint, code] = self.requests.labels(self.deployment, endpoint, code)
+        return child
+
+    def _handoff_child(self, path: str) -> Counter:
+        child = self._handoffs.get(path)
+        if child is None:
+            child = self._handoffs[path] = self.handoffs.labels(self.deployment, path)
+        return child
 
     def error(self, kind: str) -> None:
         self.errors.labels(self.deployment, kind).inc()

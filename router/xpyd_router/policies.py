@@ -6,17 +6,15 @@ from collections.abc import Callable
 
 from xpyd_router.model import Decision, NoWorker, Plan, Policy, RouteRequest, WorkerState
 from xpyd_router.policy_base import kv_path, record
-from xpyd_router.policy_baselines import LeastLoadedPolicy, LlmDPolicy, RoundRobinPolicy, SGLangCachePolicy
 from xpyd_router.policy_kv import KvAwareConfig, KvAwarePolicy
+from xpyd_router.policy_simple import LeastLoadedPolicy, RoundRobinPolicy
 from xpyd_router.prefix_index import PrefixIndex
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "kv-aware": KvAwarePolicy,
     "round-robin": RoundRobinPolicy,
     "least-loaded": LeastLoadedPolicy,
-    "llm-d": LlmDPolicy,
-    "sglang": SGLangCachePolicy,
-}
+}  # the peers' rules for benchmarks are registered by bench/baselines
 
 
 def make_policy(name: str) -> Policy:

@@ -14,6 +14,20 @@ def kv_path(prefill: WorkerState, decode: WorkerState) -> KvPath:
     return "nvlink" if prefill.domain and prefill.domain == decode.domain else "rdma"
 
 
+def same_engine(a: WorkerState, b: WorkerState) -> bool:
+    """Whether a KV handoff between the two is safe: equal engine revisions, or one is unknown (static URLs)."""
+    return not a.rev or not b.rev or a.rev == b.rev
+
+
+def pairable(prefill: Sequence[WorkerState], decode: Sequence[WorkerState]) -> list[WorkerState]:
+    """Prefill workers with at least one decode worker of their engine revision (mid-upgrade, some have none)."""
+    return [p for p in prefill if any(same_engine(p, d) for d in decode)]
+
+
+def partners(decode: Sequence[WorkerState], prefill: WorkerState) -> list[WorkerState]:
+    return [d for d in decode if same_engine(prefill, d)]
+
+
 def find(workers: Sequence[WorkerState], name: str) -> WorkerState:
     for worker in workers:
         if worker.name == name:
@@ -51,12 +65,13 @@ class BasePolicy:
     ) -> Plan:
         if not decode_workers:
             raise NoWorker("decode" if prefill_workers else "worker")
+        prefill_workers = pairable(prefill_workers, decode_workers)
         if not prefill_workers:
-            # Co-located pool (or every prefill worker gone): one hop, chosen like a prefill.
+            # Co-located pool (or no prefill worker with a decode of its engine): one hop, chosen like a prefill.
             return Plan(decode=self.choose_prefill(req, decode_workers, index))
         first = self.choose_prefill(req, prefill_workers, index)
         prefill = find(prefill_workers, first.worker)
-        second = self.choose_decode(req, decode_workers, prefill, index)
+        second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)
         return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))
 
 
@@ -67,3 +82,15 @@ def record(index: PrefixIndex, plan: Plan, req: RouteRequest) -> None:
     if plan.prefill is not None:
         index.record(plan.prefill.worker, req.blocks)
     index.record(plan.decode.worker, req.blocks)
+
+
+def first_hop_blocks(plan: Plan, req: RouteRequest) -> int:
+    """The uncached prompt blocks the first hop computes, whether a prefill or the only hop: the
+    in-flight work the pool counts on that worker until the prompt is done (its first token)."""
+    return len(req.blocks) - (plan.prefill or plan.decode).matched_blocks
+
+
+def prefill_blocks(plan: Plan, req: RouteRequest) -> int:
+    """The uncached prompt blocks the prefill hop computes: the in-flight work the pool counts on
+    that worker for the hop (0 when the request goes straight to decode)."""
+    return len(req.blocks) - plan.prefill.matched_blocks if plan.prefill is not None else 0

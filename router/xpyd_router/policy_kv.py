@@ -1,27 +1,57 @@
-"""The KV-aware policy: least estimated prefill work, guarded against hot spots, NVLink-first decode."""
+"""The KV-aware policy: longest cached prefix, then a stable home, within bounds on load; NVLink-first decode.
+
+Prefill (or the one hop of a co-located pool) goes to the first worker, in an order every router
+replica computes alike, that is within its bounds: workers holding a longer cached prefix of the
+prompt first, then by rendezvous weight of the request's affinity key (its leading blocks). The
+bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight
+uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
+`stick_factor` replaces `load_factor` for a worker holding `stick_blocks` more of the prompt than
+any other (moving it would recompute that much). A prefix thus stays on one worker until that worker
+is really busier than the rest, then spills to the same next worker on every replica, instead of
+being spread over the pool by small load differences, which copies it into every cache and, with
+caches smaller than the working set, evicts what the other prefixes needed. When every worker is
+over its bounds, the least loaded one. The trade-off was chosen on the workload suite of
+bench/cache (chat, RAG, agents, the shared traces; caches larger and smaller than the working set):
+bench/results/cache-suite.md.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from xpyd_router.hashing import weight
 from xpyd_router.model import Decision, NoWorker, Plan, RouteRequest, WorkerState
-from xpyd_router.policy_base import BasePolicy, find, kv_path, tie_break
+from xpyd_router.policy_base import BasePolicy, find, kv_path, pairable, partners, tie_break
 from xpyd_router.prefix_index import PrefixIndex
+
+BLOCK_TOKENS = 64  # the block size the knobs' block counts assume
 
 
 @dataclass
 class KvAwareConfig:
     direct_below_blocks: int = 8  # uncached prompt shorter than this: skip prefill (0: never)
-    blocks_per_queued: float = 16.0  # prefill work assumed per queued request the router did not send
-    inflight_share: float = (
-        0.1  # weight of queued in-flight prefill work vs this request's own uncached work (tuned on the replay)
-    )
-    guard_ratio: float = 2.0  # a worker above guard_ratio x least load + guard_abs is a hot spot
-    guard_abs: float = 4.0
-    tie_blocks: float = 1.0  # costs this close count as equal: rendezvous hashing decides
+    load_factor: float = 1.15  # a worker takes a request while its load < load_factor x mean load + load_slack
+    load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
+    stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
+    stick_factor: float = 2.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
+    # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
+    recent_blocks: int = 256  # per worker: the blocks routed there lately, a guess until its KV events tell
     kv_weight: float = 4.0  # decode score = load + kv_weight x KV usage
     domain_slack: float = 2.0  # accept a same-domain decode worker up to this much busier
+
+    def for_blocks(self, tokens_per_block: float) -> KvAwareConfig:
+        """The same knobs for blocks of another size: the counts above are of 64-token blocks (the
+        router's 256-character blocks), so 16-token engine blocks need four times as many."""
+        ratio = BLOCK_TOKENS / tokens_per_block
+        return replace(
+            self,
+            direct_below_blocks=max(1, round(self.direct_below_blocks * ratio)) if self.direct_below_blocks else 0,
+            stick_blocks=max(1, round(self.stick_blocks * ratio)),
+            work_slack=self.work_slack * ratio,
+            recent_blocks=max(1, round(self.recent_blocks * ratio)),
+        )
 
 
 class KvAwarePolicy(BasePolicy):
@@ -29,35 +59,64 @@ class KvAwarePolicy(BasePolicy):
 
     def __init__(self, config: KvAwareConfig | None = None) -> None:
         self.config = config or KvAwareConfig()
+        # With event-fed workers the index learns a prompt's blocks only once they are computed; what this
+        # replica sent since is kept here, in a small LRU per worker, so a burst on one prefix follows it.
+        self.recent = PrefixIndex()
+
+    def _matches(self, req: RouteRequest, index: PrefixIndex) -> dict[str, int]:
+        if not req.blocks:
+            return {}
+        found = index.match(req.blocks)
+        if index.fed:
+            for name, hit in self.recent.match(req.blocks).items():
+                if hit > found.get(name, 0):
+                    found[name] = hit
+        return found
+
+    def _sent(self, name: str, req: RouteRequest, index: PrefixIndex) -> None:
+        if req.blocks and name in index.fed:
+            if self.recent.blocks_of(name) == 0:
+                self.recent.set_capacity(name, self.config.recent_blocks)
+            self.recent.record(name, req.blocks)
 
     def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        return self._prefill(req, workers, index.match(req.blocks))
+        decision = self._prefill(req, workers, self._matches(req, index))
+        self._sent(decision.worker, req, index)
+        return decision
 
     def _prefill(self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int]) -> Decision:
         if not workers:
             raise NoWorker("prefill")
+        if len(workers) == 1:
+            only = workers[0]
+            return Decision(only.name, "prefix" if matches.get(only.name) else "load", matches.get(only.name, 0))
         cfg = self.config
-        limit = cfg.guard_ratio * min(w.load for w in workers) + cfg.guard_abs
-        total = len(req.blocks)
-        costs: list[tuple[float, WorkerState]] = []
+        key = req.key
+        n = len(workers)
+        size = len(req.blocks)
+        load = work = 0.0
         for w in workers:
-            queued = max(cfg.inflight_share * w.inflight_blocks, (w.waiting + w.running) * cfg.blocks_per_queued)
-            costs.append((total - matches.get(w.name, 0) + queued, w))
-        cool = [(c, w) for c, w in costs if w.load <= limit]
-        best_all = min(c for c, _ in costs)
-        best = min(c for c, _ in cool)
-        tied = [w.name for c, w in cool if c <= best + cfg.tie_blocks]
-        chosen = tie_break(req.key, tied)
-        hit = matches.get(chosen, 0)
-        if best_all < best and any(matches.get(w.name, 0) for c, w in costs if c == best_all):
-            reason = "hotspot-guard"
-        elif hit and hit == max(matches.get(w.name, 0) for w in workers):
-            reason = "prefix"
-        elif len(tied) > 1:
-            reason = "affinity"
-        else:
-            reason = "load"
-        return Decision(chosen, reason, hit)
+            load += w.load
+            work += w.work
+        ranked = sorted(((matches.get(w.name, 0), weight(key, w.name), i) for i, w in enumerate(workers)), reverse=True)
+        # the request itself counts, so an idle pool still has room for it on each worker
+        mean_load, mean_work = (load + 1.0) / n, (work + size - ranked[0][0]) / n
+        factor = cfg.load_factor
+        if ranked[0][0] - ranked[1][0] >= cfg.stick_blocks:  # only this worker holds much of the prompt
+            factor = cfg.stick_factor
+        for i, (hit, _, at) in enumerate(ranked):
+            w = workers[at]
+            if (
+                w.load < factor * mean_load + cfg.load_slack
+                and w.work + size - hit <= factor * mean_work + cfg.work_slack
+            ):
+                if i:
+                    return Decision(w.name, "spill", hit)
+                return Decision(w.name, "prefix" if hit else "affinity", hit)
+            factor = cfg.load_factor
+        least = min(w.load for w in workers)  # every worker is over the bound: the least loaded one
+        name = tie_break(key, [w.name for w in workers if w.load == least])
+        return Decision(name, "load", matches.get(name, 0))
 
     def choose_decode(
         self,
@@ -90,14 +149,19 @@ class KvAwarePolicy(BasePolicy):
     ) -> Plan:
         if not decode_workers:
             raise NoWorker("decode" if prefill_workers else "worker")
-        matches = index.match(req.blocks)
+        matches = self._matches(req, index)
+        prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
         if not prefill_workers:
-            return Plan(decode=self._prefill(req, decode_workers, matches))
-        total = len(req.blocks)
-        direct = self.choose_decode(req, decode_workers, None, index)
-        if total - matches.get(direct.worker, 0) < self.config.direct_below_blocks:
-            return Plan(decode=Decision(direct.worker, "short-prompt", matches.get(direct.worker, 0)))
+            plan = Plan(decode=self._prefill(req, decode_workers, matches))
+            self._sent(plan.decode.worker, req, index)
+            return plan
+        total, threshold = len(req.blocks), self.config.direct_below_blocks
+        if total - max(matches.values(), default=0) < threshold:  # else no decode worker can be close enough
+            direct = self.choose_decode(req, decode_workers, None, index)
+            if total - matches.get(direct.worker, 0) < threshold:
+                return Plan(decode=Decision(direct.worker, "short-prompt", matches.get(direct.worker, 0)))
         first = self._prefill(req, prefill_workers, matches)
+        self._sent(first.worker, req, index)
         prefill = find(prefill_workers, first.worker)
-        second = self.choose_decode(req, decode_workers, prefill, index)
+        second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)
         return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from xpyd_router.block_keys import RequestKeys
 from xpyd_router.model import NoWorker, Plan, Policy, Role, RouteRequest, WorkerState
 from xpyd_router.policy_base import record
 from xpyd_router.prefix_index import PrefixIndex
@@ -18,26 +21,46 @@ class WorkerSpec:
     url: str
     role: Role
     domain: str = ""
+    rev: str = ""  # engine revision; "" (static URLs) pairs with any
+    kv_events: str = ""  # tcp://HOST:PORT of the engine's KV event publisher ("" : it publishes none)
+    kv_replay: str = ""  # tcp://HOST:PORT of its replay socket ("" : none)
+
+    def extra(self) -> dict[str, str]:
+        return {k: v for k, v in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)) if v}
 
 
 def parse_worker_arg(raw: str, role: Role) -> WorkerSpec:
     """`http://host:port[@domain]` -> WorkerSpec; the domain names the worker's NVLink domain."""
     url, _, domain = raw.partition("@")
     url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-        raise ValueError(f"worker URL must look like http://HOST:PORT[@domain], got {raw!r}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        port = None
+        parts = urlsplit("")
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path or parts.query:
+        raise ValueError(f"worker URL must look like http://HOST:PORT[@domain] (plain HTTP, a port), got {raw!r}")
     return WorkerSpec(url, role, domain)
 
 
 class WorkerPool:
     """Workers by name; removed ones drain (no new requests) and disappear once idle."""
 
-    def __init__(self, policy: Policy, block_chars: int, chars_per_token: float = 4.0) -> None:
+    def __init__(
+        self, policy: Policy, block_chars: int, chars_per_token: float = 4.0, keys: RequestKeys | None = None
+    ) -> None:
         self.policy = policy
         self.index = PrefixIndex()
         self.block_chars = block_chars
         self.chars_per_token = chars_per_token
+        self.keys = keys or RequestKeys(None, 16, block_chars, chars_per_token)  # how prompts become block keys
         self.workers: dict[str, WorkerState] = {}
+        # Set by the service: new workers then wait for a health probe before they get traffic.
+        self.on_added: Callable[[str], None] | None = None
+        self.breaker_failures = 5  # consecutive failed requests that take a worker out of rotation
+        self.breaker_hold = 10.0  # seconds it then stays out, whatever its probes say
+        self.clock: Callable[[], float] = time.monotonic
 
     def set_workers(self, specs: Iterable[WorkerSpec]) -> None:
         """Level-based update: add new workers, update domains, drain the ones no longer listed."""
@@ -45,9 +68,14 @@ class WorkerPool:
         for name, spec in wanted.items():
             current = self.workers.get(name)
             if current is None or current.role != spec.role:
-                self.workers[name] = WorkerState(name=name, role=spec.role, domain=spec.domain)
+                probe = self.on_added
+                state = WorkerState(name=name, role=spec.role, domain=spec.domain, rev=spec.rev, healthy=probe is None,
+                                    extra=spec.extra())  # fmt: skip
+                self.workers[name] = state
+                if probe is not None:
+                    probe(name)
             else:
-                current.domain = spec.domain
+                current.domain, current.rev, current.extra = spec.domain, spec.rev, spec.extra()
                 current.draining = False
         for name, worker in list(self.workers.items()):
             if name not in wanted:
@@ -89,22 +117,56 @@ class WorkerPool:
             worker.inflight_blocks -= blocks
             self._drop_if_idle(worker)
 
-    def mark_failed(self, name: str) -> None:
-        """Takes a worker out of rotation until its /metrics answers again."""
+    def prefilled(self, name: str, blocks: int) -> None:
+        """The worker computed a one-hop request's prompt (its first token came): that work is done."""
+        worker = self.workers.get(name)
+        if worker is not None:
+            worker.inflight_blocks -= blocks
+
+    def mark_down(self, name: str, hold: float = 0.0) -> None:
+        """A worker-level failure (refused, reset, timed out, failed probe): out of rotation until a
+        probe succeeds, and not before `hold` seconds."""
         worker = self.workers.get(name)
         if worker is not None:
             worker.healthy = False
+            worker.failures = 0
+            if hold > 0:
+                worker.held_until = max(worker.held_until, self.clock() + hold)
+
+    def request_failed(self, name: str) -> bool:
+        """One request failed on the worker (5xx, garbage): counted, not acted on, until
+        `breaker_failures` in a row; True when that trips the breaker."""
+        worker = self.workers.get(name)
+        if worker is None:
+            return False
+        worker.failures += 1
+        if worker.failures < self.breaker_failures:
+            return False
+        self.mark_down(name, self.breaker_hold)
+        return True
+
+    def request_ok(self, name: str) -> None:
+        worker = self.workers.get(name)
+        if worker is not None and worker.failures:
+            worker.failures = 0
+
+    def held(self, name: str) -> bool:
+        worker = self.workers.get(name)
+        return worker is not None and worker.held_until > self.clock()
 
     def apply_metrics(self, name: str, metrics: WorkerMetrics | None) -> None:
+        """A scrape's outcome: None (it failed) takes the worker out; an answer brings it back unless held."""
         worker = self.workers.get(name)
         if worker is None:
             return
         if metrics is None:
             worker.healthy = False
             return
+        if not worker.healthy and worker.held_until > self.clock():
+            return
         worker.healthy = True
         worker.waiting, worker.running, worker.kv_usage = metrics.waiting, metrics.running, metrics.kv_usage
         if metrics.capacity_tokens > 0:
-            blocks = int(metrics.capacity_tokens * self.chars_per_token) // self.block_chars
+            blocks = int(metrics.capacity_tokens / self.keys.tokens_per_block)
             worker.capacity_blocks = max(blocks, 1)
             self.index.set_capacity(name, worker.capacity_blocks)

@@ -1,4 +1,6 @@
-"""Approximate per-worker prefix caches: which worker probably still holds which prompt blocks."""
+"""Per-worker prefix caches: what each engine reported it holds (its KV events), or, for an engine
+that reports nothing, a model of its cache from the requests routed to it, its capacity and vLLM's
+eviction order."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 DEFAULT_CAPACITY_BLOCKS = 1 << 16
+FED_SLACK = 2
 
 
 class PrefixIndex:
@@ -21,6 +24,7 @@ class PrefixIndex:
         self._capacity: dict[str, int] = {}
         self._bit: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        self.fed: set[str] = set()  # workers whose blocks come from their engine's KV events only
 
     def __len__(self) -> int:
         return sum(len(lru) for lru in self._lru.values())
@@ -46,6 +50,7 @@ class PrefixIndex:
         self._evict(worker)
 
     def remove_worker(self, worker: str) -> None:
+        self.fed.discard(worker)
         bit = self._bit.pop(worker, None)
         if bit is None:
             return
@@ -60,7 +65,20 @@ class PrefixIndex:
                 del self._owners[block]
 
     def record(self, worker: str, blocks: Sequence[int]) -> None:
-        """Marks the blocks as cached on the worker (adding it with the default capacity if unknown)."""
+        """The router routed these blocks to the worker: modelled as cached, unless its engine's
+        events say what it holds (then only they do, so every router replica sees the same)."""
+        if worker not in self.fed:
+            self.store(worker, blocks)
+
+    def set_fed(self, worker: str, fed: bool) -> None:
+        """Switch the worker between event-fed and modelled; either way its current blocks go."""
+        if (worker in self.fed) != fed:
+            self.clear(worker)
+            (self.fed.add if fed else self.fed.discard)(worker)
+
+    def store(self, worker: str, blocks: Sequence[int], trim: bool = True) -> None:
+        """Marks the blocks as cached on the worker (adding it with the default capacity if unknown);
+        trim=False leaves the capacity bound to a later `trim` (after a batch of engine events)."""
         if worker not in self._bit:
             self.set_capacity(worker, DEFAULT_CAPACITY_BLOCKS)
         lru = self._lru[worker]
@@ -74,11 +92,40 @@ class PrefixIndex:
             else:
                 lru[block] = None
                 owners[block] = owners.get(block, 0) | flag
-        self._evict(worker)
+        if trim:
+            self.trim(worker)
+
+    def discard(self, worker: str, blocks: Iterable[int]) -> None:
+        """Forgets blocks the worker no longer holds (its engine evicted them); unknown ones are skipped."""
+        lru = self._lru.get(worker)
+        if lru is None:
+            return
+        clear = ~(1 << self._bit[worker])
+        owners = self._owners
+        for block in blocks:
+            if lru.pop(block, 0) is None:
+                mask = owners[block] & clear
+                if mask:
+                    owners[block] = mask
+                else:
+                    del owners[block]
+
+    def clear(self, worker: str) -> None:
+        """The worker holds nothing (a reset, a restart, or a switch of source); it keeps its capacity."""
+        lru = self._lru.get(worker)
+        if lru:
+            self.discard(worker, list(lru))
+
+    def trim(self, worker: str) -> None:
+        """Evicts the least recently used blocks past the worker's capacity."""
+        if worker in self._lru:
+            self._evict(worker)
 
     def _evict(self, worker: str) -> None:
         lru = self._lru[worker]
-        over = len(lru) - self._capacity[worker]
+        # An event-fed worker's engine says which blocks it evicts (its hits reorder its LRU, unseen
+        # here): the capacity is then only a bound against removals lost beyond the replay buffer.
+        over = len(lru) - self._capacity[worker] * (FED_SLACK if worker in self.fed else 1)
         if over <= 0:
             return
         clear = ~(1 << self._bit[worker])

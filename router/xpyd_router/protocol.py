@@ -19,6 +19,30 @@ EMPTY_KV: JsonObj = {
 }
 
 
+# Request fields of the disaggregation protocols: the router writes them, a client never may. A worker
+# obeys them (pulls KV from a host:port they name, pairs with a bootstrap room, pins a DP rank), so a
+# client that could set them could make workers call out anywhere or collide with other requests.
+RESERVED_FIELDS: frozenset[str] = frozenset(
+    {
+        "kv_transfer_params",  # vLLM KV connectors (NixlConnector, LMCache, Mooncake, P2P NCCL)
+        "disaggregated_params",  # TensorRT-LLM / Dynamo
+        "bootstrap_host",  # SGLang PD
+        "bootstrap_port",
+        "bootstrap_room",
+        "bootstrap_pair_key",
+        "decode_tp_size",
+        "routed_dp_rank",
+        "disagg_prefill_dp_rank",
+        "data_parallel_rank",
+        "pd_prefill_admission_ack",
+        "decode_token_reservation_id",
+    }
+)
+# vLLM merges `vllm_xargs` into SamplingParams.extra_args, where its KV connectors read
+# extra_args["kv_transfer_params"]: the same field by a side door.
+XARGS = "vllm_xargs"
+
+
 class BadRequest(Exception):
     """The client's body is not a valid request; the message says why."""
 
@@ -37,6 +61,13 @@ def parse_body(raw: bytes, chat: bool) -> tuple[JsonObj, str]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if not RESERVED_FIELDS.isdisjoint(body):
+        name = min(RESERVED_FIELDS.intersection(body))
+        raise BadRequest(f"'{name}' is set by the router and may not be sent by clients; remove it", name)
+    xargs = body.get(XARGS)
+    if isinstance(xargs, dict) and not RESERVED_FIELDS.isdisjoint(xargs):
+        name = f"{XARGS}.{min(RESERVED_FIELDS.intersection(xargs))}"
+        raise BadRequest(f"'{name}' is set by the router and may not be sent by clients; remove it", name)
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean", "stream")
     return body, (_chat_text(body) if chat else _prompt_text(body))

@@ -5,15 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"  # older vLLM name of the same gauge
-CACHE_CONFIG = "vllm:cache_config_info"
-# SGLang names, so one scraper serves both engines.
-SGL_WAITING = "sglang:num_queue_reqs"
-SGL_RUNNING = "sglang:num_running_reqs"
-SGL_USAGE = "sglang:token_usage"
+# The names it reads (vLLM's, and SGLang's so one scraper serves both engines), from the one list.
+from xpyd_api.metric_names import CACHE_CONFIG as CACHE_CONFIG
+from xpyd_api.metric_names import KV_USAGE as KV_USAGE
+from xpyd_api.metric_names import KV_USAGE_OLD as KV_USAGE_OLD
+from xpyd_api.metric_names import RUNNING as RUNNING
+from xpyd_api.metric_names import SGL_RUNNING as SGL_RUNNING
+from xpyd_api.metric_names import SGL_USAGE as SGL_USAGE
+from xpyd_api.metric_names import SGL_WAITING as SGL_WAITING
+from xpyd_api.metric_names import WAITING as WAITING
 
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

@@ -1,7 +1,9 @@
 """A lean HTTP/1.1 keep-alive client for the worker hops (httptools parser, asyncio protocols).
 
 Measured against aiohttp's client on the same hops (bench/router/stacks.py): it spends about half the
-CPU per request, which is most of the router's per-request cost.
+CPU per request, which is most of the router's per-request cost. Each connection has one watchdog
+timer: until the first body byte it allows `first_byte` seconds, then `idle` seconds between reads;
+data only moves a deadline, the timer re-arms itself when it fires early (no per-chunk timers).
 """
 
 from __future__ import annotations
@@ -14,13 +16,20 @@ from typing import cast
 
 import httptools
 
+MAX_REPLY_BYTES = 64 << 20  # a non-streamed reply larger than this is garbage
+
 
 class UpstreamError(Exception):
-    """The worker connection failed or broke off; `sent` tells whether any response byte had arrived."""
+    """The worker connection failed, broke off or stayed silent.
 
-    def __init__(self, message: str, started: bool = False) -> None:
+    `started`: some of the response had arrived. `worker_down`: a worker-level signal (refused, reset,
+    timed out) rather than a bad answer to this one request.
+    """
+
+    def __init__(self, message: str, started: bool = False, worker_down: bool = True) -> None:
         super().__init__(message)
         self.started = started
+        self.worker_down = worker_down
 
 
 class UpstreamResponse:
@@ -56,13 +65,20 @@ class UpstreamResponse:
             if self.complete:
                 return
             self._waiter = self._conn.loop.create_future()
-            try:
-                await asyncio.wait_for(self._waiter, self._conn.pool.read_timeout)
-            except TimeoutError:
-                raise UpstreamError(f"no data from the worker for {self._conn.pool.read_timeout:g}s", True) from None
+            await self._waiter  # woken by data, the end, a broken connection or the watchdog
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, limit: int = MAX_REPLY_BYTES) -> bytes:
+        if self.complete and self._error is None and sum(map(len, self._chunks)) <= limit:  # came whole, at once
+            data, self._chunks = b"".join(self._chunks), deque()
+            return data
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamError(f"reply larger than {limit} bytes", True, worker_down=False)
+            parts.append(chunk)
+        return b"".join(parts)
 
     def close(self) -> None:
         """Ends the exchange: a finished response's connection goes back to the pool, else it is closed."""
@@ -79,6 +95,11 @@ class _Connection(asyncio.Protocol):
         self.response: UpstreamResponse | None = None
         self.closed = False
         self.used = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.expires = 0.0  # loop time the current response must show progress by (0: no limit)
+        self.waiting_first = True  # no body byte yet: the first-byte budget applies
+        self.idle = 0.0
+        self.first_byte = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.transport is not None:
@@ -90,6 +111,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         resp = self.response
         if resp is not None and not resp.complete:
             started = resp.headers_done.done()
@@ -100,8 +122,49 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if self.response is not None:
-                self.response._fail(UpstreamError(f"bad HTTP from {self.key[0]}:{self.key[1]}: {exc}", True))
+                msg = f"bad HTTP from {self.key[0]}:{self.key[1]}: {exc}"
+                self.response._fail(UpstreamError(msg, True, worker_down=False))
             self.abort()
+
+    # the watchdog
+    def _arm(self, first_byte: float | None, idle: float | None) -> None:
+        self.idle = idle or 0.0
+        self.first_byte = first_byte or 0.0
+        self.waiting_first = True
+        self.expires = 0.0
+        if first_byte:
+            self.expires = self.loop.time() + first_byte
+            self.timer = self.loop.call_at(self.expires, self._watch)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _progress(self) -> None:
+        """Body bytes arrived: the idle budget starts again."""
+        if not self.idle:
+            if self.waiting_first:
+                self.waiting_first = False
+                self._disarm()
+            return
+        self.expires = self.loop.time() + self.idle
+        if self.waiting_first:  # the first-byte timer may be far away: bring it in once
+            self.waiting_first = False
+            self._disarm()
+            self.timer = self.loop.call_at(self.expires, self._watch)
+
+    def _watch(self) -> None:
+        self.timer = None
+        resp = self.response
+        if resp is None or resp.complete:
+            return
+        if self.loop.time() < self.expires:
+            self.timer = self.loop.call_at(self.expires, self._watch)
+            return
+        what, budget = ("no first byte", self.first_byte) if self.waiting_first else ("no data", self.idle)
+        resp._fail(UpstreamError(f"{what} from {self.key[0]}:{self.key[1]} within {budget:g}s", True))
+        self.abort()
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -118,6 +181,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         resp = self.response
         if resp is not None:
+            self._progress()
             resp._chunks.append(body)
             resp._wake()
 
@@ -125,14 +189,16 @@ class _Connection(asyncio.Protocol):
         resp = self.response
         if resp is not None:
             resp.complete = True
+            self._disarm()
             if not self.parser.should_keep_alive():
                 self.closed = True
             resp._wake()
 
-    def send(self, head: bytes, body: bytes) -> UpstreamResponse:
+    def send(self, head: bytes, body: bytes, first_byte: float | None, idle: float | None) -> UpstreamResponse:
         assert self.transport is not None
         self.response = UpstreamResponse(self)
         self.parser = httptools.HttpResponseParser(self)
+        self._arm(first_byte, idle)
         self.transport.writelines((head, body))
         return self.response
 
@@ -140,6 +206,7 @@ class _Connection(asyncio.Protocol):
         if resp is not self.response:
             return
         self.response = None
+        self._disarm()
         if resp.complete and not self.closed:
             self.used = True
             self.pool.idle.setdefault(self.key, []).append(self)
@@ -148,6 +215,7 @@ class _Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
 
@@ -155,10 +223,13 @@ class _Connection(asyncio.Protocol):
 class Upstream:
     """Keep-alive connections per worker address; one request at a time per connection."""
 
-    def __init__(self, connect_timeout: float = 5.0, read_timeout: float | None = 600.0) -> None:
+    def __init__(
+        self, connect_timeout: float = 5.0, first_byte_timeout: float | None = 120.0, idle_timeout: float | None = 30.0
+    ) -> None:
         self.idle: dict[tuple[str, int], list[_Connection]] = {}
         self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout  # longest silence from a worker (headers or between chunks)
+        self.first_byte_timeout = first_byte_timeout  # send to first body byte
+        self.idle_timeout = idle_timeout  # longest silence between body reads
         self._keys: dict[str, tuple[str, int]] = {}
 
     def _key(self, base: str) -> tuple[str, int]:
@@ -180,44 +251,47 @@ class Upstream:
             conn.connection_made(transport)
         return conn
 
-    async def post(self, base: str, path: str, body: bytes) -> UpstreamResponse:
-        """Sends the request and waits for the status line and headers."""
+    async def post(self, base: str, path: str, body: bytes, first_byte: bool = True) -> UpstreamResponse:
+        """Sends the request and waits for the status line and headers.
+
+        `first_byte=False` lifts the first-byte budget (a non-streamed decode is silent until it is done;
+        the caller's request deadline bounds it); the idle budget between reads always applies.
+        """
         key = self._key(base)
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\nContent-Type: application/json\r\n"
             f"Accept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
+        budget = self.first_byte_timeout if first_byte else None
         idle = self.idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.closed:
                 continue
-            resp = conn.send(head, body)
+            resp = conn.send(head, body, budget, self.idle_timeout)
             try:
-                await self._headers(resp, key)
+                await self._headers(resp)
                 return resp
             except UpstreamError as exc:
+                resp.close()
                 if exc.started:
                     raise
-                resp.close()  # a kept-alive connection the worker had closed: try a fresh one
+                # a kept-alive connection the worker had closed: try a fresh one
             except BaseException:
                 resp.close()
                 raise
         conn = await self._connect(key)
-        resp = conn.send(head, body)
+        resp = conn.send(head, body, budget, self.idle_timeout)
         try:
-            await self._headers(resp, key)
+            await self._headers(resp)
         except BaseException:
             resp.close()
             raise
         return resp
 
-    async def _headers(self, resp: UpstreamResponse, key: tuple[str, int]) -> None:
-        try:
-            await asyncio.wait_for(asyncio.shield(resp.headers_done), self.read_timeout)
-        except TimeoutError:
-            resp.close()  # unfinished: closes the connection, which cancels the request on the worker
-            raise UpstreamError(f"no answer from {key[0]}:{key[1]} within {self.read_timeout:g}s", True) from None
+    @staticmethod
+    async def _headers(resp: UpstreamResponse) -> None:
+        await resp.headers_done  # set by the parser, a lost connection or the watchdog
 
     def close(self) -> None:
         for conns in self.idle.values():

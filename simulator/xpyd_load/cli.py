@@ -36,7 +36,13 @@ def _requests(ns: argparse.Namespace) -> Iterator[trace.TraceRequest]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="xpyd load", description=__doc__)
-    p.add_argument("--url", required=True, help="base URL of the router (or a worker), e.g. http://127.1.0.5:8000")
+    p.add_argument(
+        "--url",
+        required=True,
+        action="append",
+        help="base URL of the router (or a worker), e.g. http://127.1.0.5:8000; repeat it for router replicas, "
+        "which then get the requests in turn (as a Service spreads them)",
+    )
     p.add_argument("--model", required=True, help="served model name")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--trace", help="Mooncake .jsonl or Azure .csv trace")
@@ -52,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-scale", type=float, default=1.0, help="multiply every prompt length by this")
     p.add_argument("--max-output-tokens", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT objective (s) for slo_attainment")
+    p.add_argument("--slo-itl", type=float, default=0.1, help="mean inter-token time objective (s)")
     p.add_argument(
         "--api-key",
         default=os.environ.get("XPYD_API_KEY", ""),
@@ -66,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.speedup <= 0 or ns.max_requests <= 0 or ns.duration <= 0 or ns.max_in_flight <= 0:
         print("xpyd load: --speedup, --max-requests, --duration and --max-in-flight must be positive", file=sys.stderr)
         return 2
-    bad_url = check_url(ns.url)
+    bad_url = next(filter(None, map(check_url, ns.url)), None)
     if bad_url:
         print(f"xpyd load: {bad_url}", file=sys.stderr)
         return 2
@@ -83,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     cfg = LoadConfig(
-        url=ns.url,
+        url=ns.url[0],
+        spread=tuple(ns.url[1:]),
+        slo_ttft_s=ns.slo_ttft,
+        slo_itl_s=ns.slo_itl,
         model=ns.model,
         speedup=ns.speedup,
         max_requests=ns.max_requests,

@@ -31,6 +31,13 @@ class LoadConfig:
     max_output_tokens: int = 256
     timeout_s: float = 120.0
     api_key: str = ""
+    spread: tuple[str, ...] = ()  # more router replicas: requests go to url, spread[0], ... in turn
+    slo_ttft_s: float = 2.0
+    slo_itl_s: float = 0.1
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.spread)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -51,6 +58,12 @@ class Outcome:
 class LoadResult:
     outcomes: list[Outcome] = field(default_factory=list)
     wall_s: float = 0.0
+    slo: tuple[float, float] = (2.0, 0.1)  # TTFT and mean inter-token time objectives, seconds
+
+    def met(self, o: Outcome) -> bool:
+        if o.status != 200 or o.error or o.ttft_s is None or o.ttft_s > self.slo[0]:
+            return False
+        return o.tokens <= 1 or (o.total_s - o.ttft_s) / (o.tokens - 1) <= self.slo[1]
 
     def summary(self) -> dict[str, Any]:
         ok = [o for o in self.outcomes if o.status == 200 and not o.error]
@@ -65,12 +78,15 @@ class LoadResult:
             "errors": len(self.outcomes) - len(ok),
             "ttft_p50_s": q(0.5),
             "ttft_p99_s": q(0.99),
+            "slo_attainment": round(sum(map(self.met, self.outcomes)) / len(self.outcomes), 4)
+            if self.outcomes
+            else None,
             "tokens": sum(o.tokens for o in ok),
             "wall_s": round(self.wall_s, 2),
         }
 
 
-async def _send(session: aiohttp.ClientSession, cfg: LoadConfig, req: TraceRequest) -> Outcome:
+async def _send(session: aiohttp.ClientSession, cfg: LoadConfig, req: TraceRequest, url: str) -> Outcome:
     body = {
         "model": cfg.model,
         "prompt": prompt_text(req, cfg.prompt_scale),
@@ -82,7 +98,7 @@ async def _send(session: aiohttp.ClientSession, cfg: LoadConfig, req: TraceReque
     ttft: float | None = None
     tokens = 0
     try:
-        async with session.post(f"{cfg.url.rstrip('/')}/v1/completions", json=body, headers=cfg.headers()) as resp:
+        async with session.post(f"{url.rstrip('/')}/v1/completions", json=body, headers=cfg.headers()) as resp:
             if resp.status != 200:
                 return Outcome(resp.status, None, time.perf_counter() - start, 0, (await resp.text())[:200])
             async for raw in resp.content:
@@ -131,16 +147,17 @@ async def run(
     cfg: LoadConfig, requests: Iterable[TraceRequest], on_done: Callable[[Outcome], None] | None = None
 ) -> LoadResult:
     """Replay `requests` (arrivals relative to the first) until the count or time bound is hit."""
-    result = LoadResult()
+    result = LoadResult(slo=(cfg.slo_ttft_s, cfg.slo_itl_s))
+    urls = cfg.urls
     limit = asyncio.Semaphore(cfg.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     connector = aiohttp.TCPConnector(limit=cfg.max_in_flight)
     start = time.perf_counter()
     origin: float | None = None
 
-    async def one(req: TraceRequest) -> None:
+    async def one(req: TraceRequest, url: str) -> None:
         async with limit:
-            outcome = await _send(session, cfg, req)
+            outcome = await _send(session, cfg, req, url)
         result.outcomes.append(outcome)
         if on_done is not None:
             on_done(outcome)
@@ -157,7 +174,7 @@ async def run(
             delay = due - (time.perf_counter() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(req)))
+            tasks.append(asyncio.create_task(one(req, urls[count % len(urls)])))
         if tasks:
             await asyncio.wait(tasks, timeout=max(1.0, cfg.duration_s + cfg.timeout_s - (time.perf_counter() - start)))
         for task in tasks:

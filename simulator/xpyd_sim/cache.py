@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+# One KV event as a vLLM engine publishes it: (True, blocks) stored, (False, blocks) removed.
+KvEvent = tuple[bool, list[int]]
+
 
 class PrefixCache:
-    """LRU set of block ids; a lookup counts the leading blocks of a prompt already present."""
+    """LRU set of block ids; a lookup counts the leading blocks of a prompt already present.
 
-    __slots__ = ("_blocks", "capacity", "evictions")
+    With `events` set to a list, every change is appended to it as the engine's KV events would
+    report it (blocks newly stored, blocks evicted); touches of cached blocks report nothing.
+    """
+
+    __slots__ = ("_blocks", "capacity", "events", "evictions")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -17,6 +24,7 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.capacity = capacity
         self.evictions = 0
+        self.events: list[KvEvent] | None = None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -43,18 +51,28 @@ class PrefixCache:
         (vLLM frees a sequence's blocks in reverse order for the same reason).
         """
         cached = self._blocks
+        new: list[int] | None = [] if self.events is not None else None
         for b in reversed(blocks):
             if b in cached:
                 cached.move_to_end(b)
             else:
                 cached[b] = None
+                if new is not None:
+                    new.append(b)
+        if new and self.events is not None:
+            new.reverse()
+            self.events.append((True, new))
         self.trim(self.capacity)
 
     def trim(self, limit: int) -> None:
         """Evict least recently used blocks until at most `limit` remain."""
         cached = self._blocks
         excess = len(cached) - max(limit, 0)
-        for _ in range(excess):
-            cached.popitem(last=False)
-        if excess > 0:
-            self.evictions += excess
+        if excess <= 0:
+            return
+        if self.events is not None:
+            self.events.append((False, [cached.popitem(last=False)[0] for _ in range(excess)]))
+        else:
+            for _ in range(excess):
+                cached.popitem(last=False)
+        self.evictions += excess

@@ -12,8 +12,11 @@ from typing import Any
 
 from xpyd_sim import trace as traces
 from xpyd_sim.engine import SimConfig, Simulation
+from xpyd_sim.kvevents import INDEX_MODES
 from xpyd_sim.metrics import Slo
-from xpyd_sim.runner import COMPARE_KINDS, ROUTERS, markdown_table, parse_trace, run_one, variants
+from xpyd_sim.plots import PlotUnavailable, pyplot, write_all
+from xpyd_sim.runner import COMPARE_KINDS, markdown_table, parse_trace, routers, run_one, variants
+from xpyd_sim.scaling import scaler_names
 from xpyd_sim.spec import SpecError, load
 
 
@@ -23,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace", required=True, help="Mooncake .jsonl, Azure .csv, or synthetic:rate=R,duration=S,prompt=N,..."
     )
-    p.add_argument("--router", choices=ROUTERS, help="routing policy (default: the spec's router.policy)")
-    p.add_argument("--autoscaler", choices=("on", "off", "keda", "xpyd"), help="default: on if the spec enables it")
+    p.add_argument("--router", choices=routers(), help="routing policy (default: the spec's router.policy)")
+    p.add_argument("--autoscaler", choices=scaler_names(), help="default: on if the spec enables it")
     p.add_argument("--compare", choices=COMPARE_KINDS, help="run every router / mode / autoscaler and tabulate")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with --compare)")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG plots into DIR")
@@ -42,6 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="an autoscaler target as spec.autoscaling.targets names it, e.g. prefillWaitingPerReplica=4",
     )
     p.add_argument("--router-replicas", type=int, help="router replicas, each with its own state (spec's default)")
+    p.add_argument(
+        "--router-index",
+        choices=INDEX_MODES,
+        default="own",
+        help="what feeds each replica's prefix index: its own routes, the workers' KV events, or both",
+    )
+    p.add_argument("--event-delay", type=float, default=0.05, help="seconds a KV event takes to reach the routers")
+    p.add_argument("--peer-sync", type=float, default=0.0, help="router replicas share in-flight counts this often (s)")
+    p.add_argument("--cache-tokens", type=int, help="cap each worker's prefix cache at this many tokens")
     p.add_argument("--scale", type=int, default=1, help="overlay this many copies of the trace (own prefixes)")
     p.add_argument("--max-requests", type=int, help="replay at most this many requests")
     p.add_argument("--duration", type=float, help="replay arrivals of the first S seconds only")
@@ -104,9 +116,9 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"xpyd simulate: --autoscaler-target wants KEY=NUMBER, got {args.autoscaler_target}", file=sys.stderr)
         return 2
-    scaler = args.autoscaler or ("xpyd" if spec.autoscaling else "off")
+    scaler = args.autoscaler or ("xpyd" if spec.deployment.autoscaling.enabled else "off")
     config = SimConfig(
-        router=args.router or spec.router_policy,
+        router=args.router or spec.deployment.router.policy,
         autoscaler="xpyd" if scaler == "on" else scaler,
         slo=Slo(args.slo_ttft, args.slo_itl, args.slo_quantile),
         max_requests=args.max_requests,
@@ -115,8 +127,18 @@ def main(argv: list[str]) -> int:
         max_seqs=args.max_seqs,
         startup_s=args.startup,
         router_replicas=args.router_replicas,
+        router_index=args.router_index,
+        event_delay_s=args.event_delay,
+        peer_sync_s=args.peer_sync,
+        cache_tokens=args.cache_tokens,
         autoscaler_targets=targets,
     )
+    if args.plot:
+        try:
+            pyplot()
+        except PlotUnavailable as exc:
+            print(f"xpyd simulate: --plot: {exc}", file=sys.stderr)
+            return 2
     runs = variants(spec, config, args.compare)
     size = len(base) * args.scale
     total = min(size, args.max_requests or size)
@@ -133,8 +155,6 @@ def main(argv: list[str]) -> int:
         print(f"xpyd simulate: {exc}", file=sys.stderr)
         return 2
     if args.plot:
-        from xpyd_sim.plots import write_all
-
         for path in write_all(rows, args.plot, f"{spec.name} on {spec.topology.name}"):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:

@@ -16,7 +16,14 @@ class Cluster:
     """
 
     def __init__(
-        self, spec: SimSpec, perfs: dict[str, PoolPerf], *, token_budget: int, max_seqs: int, block_tokens: int
+        self,
+        spec: SimSpec,
+        perfs: dict[str, PoolPerf],
+        *,
+        token_budget: int,
+        max_seqs: int,
+        block_tokens: int,
+        cache_tokens: int | None = None,
     ) -> None:
         self.spec = spec
         self.topology: Topology = spec.topology
@@ -24,7 +31,8 @@ class Cluster:
         self.token_budget = token_budget
         self.max_seqs = max_seqs
         self.block_tokens = block_tokens
-        self.domain_size = max(self.topology.nvlink_domain_gpus, 1)
+        self.cache_tokens = cache_tokens
+        self.domain_size = max(self.topology.domain_gpus, 1)
         self.domain_used: list[int] = []
         self.workers: dict[str, list[Worker]] = {role: [] for role in spec.pools}
         self.retired: list[Worker] = []
@@ -39,7 +47,7 @@ class Cluster:
             self.add(role, 0.0, ready=True)
 
     def _place(self, gpus: int) -> str:
-        kind = "clique" if self.domain_size > self.topology.gpus_per_node else "node"
+        kind = self.topology.nvlink_domain
         for i, used in enumerate(self.domain_used):
             if used + gpus <= self.domain_size:
                 self.domain_used[i] += gpus
@@ -64,6 +72,7 @@ class Cluster:
             block_tokens=self.block_tokens,
             token_budget=self.token_budget,
             max_seqs=self.max_seqs,
+            cache_tokens=self.cache_tokens,
         )
         self._next[role] += 1
         w.state = "ready" if ready else "starting"

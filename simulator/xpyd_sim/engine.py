@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 
 from xpyd_router.model import NoWorker
 from xpyd_sim.cluster import Cluster
-from xpyd_sim.metrics import Collector, Histogram, Slo
+from xpyd_sim.config import SimConfig
+from xpyd_sim.metrics import Collector, Histogram
 from xpyd_sim.perfmodel import Links, PoolPerf
 from xpyd_sim.request import SimRequest
 from xpyd_sim.routing import SimRouter
@@ -17,27 +17,8 @@ from xpyd_sim.spec import SimSpec
 from xpyd_sim.trace import TraceRequest
 from xpyd_sim.worker import Worker
 
-ARRIVAL, STEP, KV_READY, SCRAPE, TICK, SAMPLE, UP = range(7)
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """Knobs of one run that are not part of the deployment spec."""
-
-    router: str = "kv-aware"
-    autoscaler: str = "off"
-    slo: Slo = field(default_factory=Slo)
-    max_requests: int | None = None
-    duration_s: float | None = None  # arrivals after this are not replayed
-    token_budget: int = 8192  # vLLM max_num_batched_tokens
-    max_seqs: int = 256  # vLLM max_num_seqs
-    block_tokens: int = 512  # prefix block size of the trace's ids
-    startup_s: float = 60.0  # a new replica's time to Ready (image cached, weights loaded)
-    scrape_s: float = 1.0  # the router's /metrics scrape interval
-    interval_s: float | None = None  # autoscaler interval; the spec's when None
-    autoscaler_targets: tuple[tuple[str, float], ...] = ()  # spec.autoscaling.targets keys (camelCase)
-    router_replicas: int | None = None  # routers sharing no state; the spec's router.replicas when None
-    sample_s: float = 10.0  # timeline resolution
+ARRIVAL, STEP, KV_READY, SCRAPE, TICK, SAMPLE, UP, KV_EVENTS, PEERS = range(9)
+__all__ = ["SimConfig", "Simulation"]
 
 
 class Simulation:
@@ -52,16 +33,19 @@ class Simulation:
         }
         self.links = Links(spec.topology)
         self.cluster = Cluster(
-            spec, self.perfs, token_budget=cfg.token_budget, max_seqs=cfg.max_seqs, block_tokens=cfg.block_tokens
+            spec,
+            self.perfs,
+            token_budget=cfg.token_budget,
+            max_seqs=cfg.max_seqs,
+            block_tokens=cfg.block_tokens,
+            cache_tokens=cfg.cache_tokens,
         )
-        replicas = spec.router_replicas if cfg.router_replicas is None else cfg.router_replicas
-        self.router = SimRouter(cfg.router, cfg.block_tokens, replicas)
+        replicas = max(1, spec.deployment.router.replicas) if cfg.router_replicas is None else cfg.router_replicas
+        self.router = SimRouter(cfg.router, cfg.block_tokens, replicas, cfg.router_index, cfg.event_delay_s)
         self.router.set_workers(self.cluster.all_workers())
         first = "worker" if spec.mode == "Colocated" else "prefill"
         self.first_role = first
-        self.scaler = SimScaler(
-            cfg.autoscaler, self.cluster, cfg.slo, cfg.interval_s or spec.interval_s, dict(cfg.autoscaler_targets)
-        )
+        self.scaler = SimScaler(cfg.autoscaler, self.cluster, cfg.slo, dict(cfg.autoscaler_targets))
         self.metrics = Collector(slo=cfg.slo)
         self.itl = {role: Histogram() for role in spec.pools}
         self._heap: list[tuple[float, int, int, object, int]] = []
@@ -70,7 +54,7 @@ class Simulation:
         self.now = 0.0
         self.arrived = self.inflight = self.rejected = self.events = 0
         self.rerouted = 0
-        self.matched: dict[int, int] = {}
+        self.prefill_work: dict[int, int] = {}  # request id -> the work its prefill hop counts in the router
         self.last_arrival = 0.0
         self.end_time = 0.0  # when the last request finished
         self._arrivals_left = False
@@ -97,6 +81,8 @@ class Simulation:
         self._next_arrival()
         self._push(cfg.scrape_s, SCRAPE)
         self._push(0.0, SAMPLE)
+        if cfg.peer_sync_s > 0 and len(self.router.pools) > 1:
+            self._push(cfg.peer_sync_s, PEERS)
         if self.scaler.name != "off":
             self._push(cfg.interval_s or self.spec.interval_s, TICK)
         heap = self._heap
@@ -106,7 +92,7 @@ class Simulation:
             t, _, kind, obj, version = pop(heap)
             if t < self.now:
                 raise AssertionError(f"event of kind {kind} at {t} before now {self.now}")
-            self.now = t
+            self.now = self.router.now = t
             self.events += 1
             if kind == STEP:
                 assert isinstance(obj, Worker)
@@ -141,6 +127,14 @@ class Simulation:
             self._autoscale(t)
             if more:
                 self._push(t + (cfg.interval_s or self.spec.interval_s), TICK)
+        elif kind == KV_EVENTS and self.router.bus is not None:
+            due = self.router.bus.deliver(t)
+            if due is not None:
+                self._push(due, KV_EVENTS)
+        elif kind == PEERS:
+            self.router.share_load()
+            if more:
+                self._push(t + cfg.peer_sync_s, PEERS)
         elif kind == UP:
             assert isinstance(obj, Worker)
             if obj.state == "starting":
@@ -151,6 +145,15 @@ class Simulation:
         end = w.plan(now) if w.end < 0 else w.interrupt(now)
         if end >= 0:
             self._push(end, STEP, w, w.version)
+        self._collect(w, now)
+
+    def _collect(self, w: Worker, now: float) -> None:
+        """The worker's cache changes become KV events on their way to the router replicas."""
+        bus = self.router.bus
+        if bus is not None and w.cache.events:
+            due = bus.send(w, now)
+            if due is not None:
+                self._push(due, KV_EVENTS)
 
     def _arrival(self, tr: TraceRequest, now: float) -> None:
         self.arrived += 1
@@ -158,19 +161,19 @@ class Simulation:
         self._next_arrival()
         req = SimRequest(self.arrived - 1, now, tr.prompt_tokens, tr.output_tokens, tr.blocks)
         try:
-            prefill, decode, matched = self.router.route(req)
+            prefill, decode, work = self.router.route(req)
         except NoWorker:
             self.rejected += 1
             return
         self.inflight += 1
         req.decode_worker = decode
         decode.routed += prefill is None
+        self.prefill_work[req.rid] = work
         if prefill is None:
             req.direct = True
             req.prefill_worker = decode
             target = decode
         else:
-            self.matched[req.rid] = matched
             req.prefill_worker = prefill
             prefill.routed += 1
             decode.assigned += 1
@@ -181,12 +184,16 @@ class Simulation:
     def _step(self, w: Worker, now: float) -> None:
         handoffs: list[SimRequest] = []
         done: list[SimRequest] = []
-        w.complete(now, self.itl[w.role], handoffs, done)
+        started: list[SimRequest] = []
+        w.complete(now, self.itl[w.role], handoffs, done, started)
+        for req in started:
+            self.router.first_token(req, self.prefill_work.pop(req.rid, 0))
         for req in done:
             self._finish(req)
         for req in handoffs:
             self._handoff(req, w, now)
         end = w.plan(now)
+        self._collect(w, now)
         if end >= 0:
             self._push(end, STEP, w, w.version)
         elif w.state == "draining" and w.idle and not w.assigned:
@@ -205,7 +212,7 @@ class Simulation:
 
     def _handoff(self, req: SimRequest, src: Worker, now: float) -> None:
         self.scaler.ttft_window["prefill"].append(now - req.arrival)
-        self.router.prefill_done(req, self.matched.pop(req.rid))
+        self.router.prefill_done(req, self.prefill_work.pop(req.rid))
         dst = req.decode_worker
         assert dst is not None
         dst.assigned -= 1

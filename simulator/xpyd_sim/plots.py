@@ -1,4 +1,8 @@
-"""PNG plots of simulation results (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of simulation results (matplotlib, Agg backend: no display needed).
+
+matplotlib is the optional extra `xpyd[plot]`: it is imported on first use, and its absence is one
+clear error (`PlotUnavailable`) rather than an import failure of the simulator.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+INSTALL_HINT = "plots need matplotlib: pip install 'xpyd[plot]'"
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; PlotUnavailable (with the install hint) when it is missing."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise PlotUnavailable(INSTALL_HINT) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def replicas_plot(result: dict[str, Any], path: Path) -> Path:
     """Replicas (and queue) over simulated time for one run."""
+    plt = pyplot()
     rows = result["replicas"]
     t = [r[0] / 60 for r in rows]
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -37,6 +55,7 @@ def replicas_plot(result: dict[str, Any], path: Path) -> Path:
 
 def compare_plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """TTFT p50/p99 bars and SLO attainment per run of a comparison."""
+    plt = pyplot()
     labels = [str(r.get("label", "")) for r in rows]
     x = range(len(rows))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -64,6 +83,7 @@ def compare_plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path
 
 def autoscaler_plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """GPUs in use over time per run, with SLO attainment and GPU-hours in the legend."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     for r in rows:
         gpus = r.get("gpus_per_replica", {})

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
-from xpyd_router.hashing import affinity_key
+from xpyd_router.hashing import AFFINITY_BLOCKS, affinity_key
 from xpyd_router.model import RouteRequest
 from xpyd_router.policies import POLICIES, KvAwarePolicy, Policy, make_policy
+from xpyd_router.policy_base import first_hop_blocks
 from xpyd_router.pool import WorkerPool, WorkerSpec
+from xpyd_sim.kvevents import EventBus, EventFedIndex, IndexMode
 from xpyd_sim.request import SimRequest
 from xpyd_sim.worker import Worker
 
@@ -21,41 +22,55 @@ def policy_names() -> list[str]:
 
 
 class SimRouter:
-    """One router replica: `route` at arrival, `prefill_done` when the prefill hop returns,
-    `finished` when the decode stream ends, mirroring the proxy's begin/end accounting.
+    """The router replicas: `route` at arrival, `prefill_done` when the prefill hop returns,
+    `finished` when the decode stream ends: the pool's own begin/end calls, in the proxy's order,
+    with the work the router counts per hop from its own `prefill_blocks`.
+
+    Each replica has its own policy state, prefix index and in-flight counts (no shared state);
+    requests reach them in turn, as a Kubernetes Service spreads connections. A replica's index is
+    fed by its own decisions (`own`, a router without engine events), by the workers' KV events
+    delivered to every replica (`events`), or by both (`events+own`).
 
     The simulator's prefix blocks are `block_tokens` long (512 for Mooncake's hash ids) while the
     router's are ~64 tokens, so the KV-aware policy's block-denominated knobs are rescaled to keep
     their meaning in tokens; every decision is still the router's own code.
     """
 
-    def __init__(self, policy: str, block_tokens: int, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        policy: str,
+        block_tokens: int,
+        replicas: int = 1,
+        index: IndexMode = "own",
+        event_delay_s: float = 0.05,
+    ) -> None:
         if replicas < 1:
             raise ValueError(f"router replicas must be >= 1, got {replicas}")
         self.name = policy
         self.block_tokens = block_tokens
-        # Each replica has its own policy state, prefix index and in-flight counts (no shared state);
-        # requests reach them in turn, as a Kubernetes Service spreads connections.
-        self.pools = [
-            WorkerPool(
+        self.index_mode = index
+        self.now = 0.0  # the simulated clock, for peers' rules that age their state
+        self.bus = EventBus(event_delay_s) if index != "own" else None
+        self.pools = []
+        for _ in range(replicas):
+            pool = WorkerPool(
                 self._policy(policy), block_chars=block_tokens * CHARS_PER_TOKEN, chars_per_token=CHARS_PER_TOKEN
             )
-            for _ in range(replicas)
-        ]
+            if self.bus is not None:
+                pool.index = EventFedIndex(own=index == "events+own")
+                self.bus.indexes.append(pool.index)
+            self.pools.append(pool)
+        self._leading = max(1, AFFINITY_BLOCKS * ROUTER_BLOCK_TOKENS // block_tokens)
         self._by_name: dict[str, Worker] = {}
         self.decisions: dict[str, int] = {}
 
     def _policy(self, name: str) -> Policy:
         impl = make_policy(name)
         if isinstance(impl, KvAwarePolicy):
-            ratio = ROUTER_BLOCK_TOKENS / self.block_tokens
-            cfg = impl.config
-            impl.config = replace(
-                cfg,
-                direct_below_blocks=max(1, round(cfg.direct_below_blocks * ratio)) if cfg.direct_below_blocks else 0,
-                blocks_per_queued=cfg.blocks_per_queued * ratio,
-                tie_blocks=cfg.tie_blocks * ratio,
-            )
+            impl.config = impl.config.for_blocks(self.block_tokens)  # the trace's blocks, not the router's
+        clock = getattr(impl, "use_clock", None)  # peers whose state ages (speculative entries, tree eviction)
+        if clock is not None:
+            clock(lambda: self.now)
         return impl
 
     def _pool(self, req: SimRequest) -> WorkerPool:
@@ -63,7 +78,10 @@ class SimRouter:
 
     def set_workers(self, workers: Iterable[Worker]) -> None:
         """Level-based: the routable workers now; the rest drain in the router's pool."""
-        live = [w for w in workers if w.state == "ready"]
+        every = list(workers)
+        live = [w for w in every if w.state == "ready"]
+        if self.bus is not None:
+            self.bus.watch(every)
         for w in live:
             self._by_name[w.name] = w
         specs = [WorkerSpec(w.name, "worker" if w.role == "worker" else w.role, w.domain) for w in live]  # type: ignore[arg-type]
@@ -71,7 +89,7 @@ class SimRouter:
             pool.set_workers(specs)
             for w in live:
                 state = pool.workers[w.name]
-                blocks = max(1, w.kv_cap // self.block_tokens)
+                blocks = max(1, w.cache.capacity)
                 if state.capacity_blocks != blocks:
                     state.capacity_blocks = blocks
                     pool.index.set_capacity(w.name, blocks)
@@ -85,29 +103,47 @@ class SimRouter:
                 state.running = float(w.busy)
                 state.kv_usage = min(1.0, w.kv_usage)
 
+    def share_load(self) -> None:
+        """Each replica learns the in-flight counts the others have on every worker (load sharing)."""
+        totals: dict[str, list[int]] = {}
+        for pool in self.pools:
+            for name, state in pool.workers.items():
+                t = totals.setdefault(name, [0, 0])
+                t[0] += state.inflight
+                t[1] += state.inflight_blocks
+        for pool in self.pools:
+            for name, state in pool.workers.items():
+                count, blocks = totals[name]
+                state.peer_inflight, state.peer_blocks = count - state.inflight, blocks - state.inflight_blocks
+
     def route(self, req: SimRequest) -> tuple[Worker | None, Worker, int]:
-        """(prefill worker or None for one hop, decode worker, blocks the router thinks are cached)."""
-        blocks = req.blocks
-        key = affinity_key(blocks, str(req.rid))
+        """(prefill worker or None for one hop, decode worker, the prefill hop's counted work).
+
+        The first hop begins now, with the work the proxy counts for it (`prefill_blocks`).
+        """
+        key = affinity_key(req.blocks, str(req.rid), self._leading)
+        route = RouteRequest(req.blocks, key, req.prompt_tokens * CHARS_PER_TOKEN)
         pool = self._pool(req)
-        plan = pool.route(RouteRequest(blocks, key, req.prompt_tokens * CHARS_PER_TOKEN))
+        plan = pool.route(route)
         decode = self._by_name[plan.decode.worker]
         first = plan.prefill or plan.decode
         self.decisions[first.reason] = self.decisions.get(first.reason, 0) + 1
-        if plan.prefill is None:
-            pool.begin(decode.name)
-            return None, decode, first.matched_blocks
-        prefill = self._by_name[plan.prefill.worker]
-        pool.begin(prefill.name, len(blocks) - plan.prefill.matched_blocks)
-        return prefill, decode, first.matched_blocks
+        work = first_hop_blocks(plan, route)
+        pool.begin(first.worker, work)
+        return (None if plan.prefill is None else self._by_name[plan.prefill.worker]), decode, work
 
-    def prefill_done(self, req: SimRequest, matched: int) -> None:
-        """The prefill hop answered: its in-flight count drops, the decode hop begins."""
+    def prefill_done(self, req: SimRequest, work: int) -> None:
+        """The prefill hop answered: its in-flight count drops, the decode hop begins (the vLLM order)."""
         assert req.prefill_worker is not None
         assert req.decode_worker is not None
         pool = self._pool(req)
-        pool.end(req.prefill_worker.name, len(req.blocks) - matched)
+        pool.end(req.prefill_worker.name, work)
         pool.begin(req.decode_worker.name)
+
+    def first_token(self, req: SimRequest, work: int) -> None:
+        """A one-hop request's first token: its prompt is computed, the worker's in-flight work drops."""
+        assert req.decode_worker is not None
+        self._pool(req).prefilled(req.decode_worker.name, work)
 
     def finished(self, req: SimRequest) -> None:
         assert req.decode_worker is not None

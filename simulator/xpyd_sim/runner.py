@@ -8,14 +8,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from xpyd_api.models import PoolAutoscaling, PoolSpec
+from xpyd_operator.autoscaling_policy import AUTOSCALERS
+from xpyd_router.policies import POLICIES
 from xpyd_sim import trace as traces
 from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.report import build
-from xpyd_sim.spec import PoolPlan, SimSpec
+from xpyd_sim.spec import SimSpec
 
-ROUTERS = ("kv-aware", "round-robin", "least-loaded", "llm-d", "sglang")
-AUTOSCALERS = ("off", "keda", "xpyd")
 COMPARE_KINDS = ("routers", "modes", "autoscalers", "all")
+
+
+def routers() -> list[str]:
+    """The routing policies a comparison runs: the router's registry (benchmarks add their peers)."""
+    return list(POLICIES)
+
+
+def autoscalers() -> list[str]:
+    """The autoscaling policies a comparison runs, from the operator's registry (benchmarks add their
+    peers): "off" first as the baseline, xpyd's own last."""
+    return sorted(AUTOSCALERS, key=lambda name: (name != "off", name == "xpyd", name))
 
 
 def parse_trace(arg: str, seed: int = 0) -> list[traces.TraceRequest]:
@@ -44,20 +56,31 @@ def parse_trace(arg: str, seed: int = 0) -> list[traces.TraceRequest]:
     return list(traces.load(Path(arg)))
 
 
+def _bounds(pool: PoolSpec, start: int) -> tuple[int, int]:
+    """A pool's autoscaling bounds; a pool without them holds its start size."""
+    return (pool.autoscaling.min_replicas, pool.autoscaling.max_replicas) if pool.autoscaling else (start, start)
+
+
 def colocated(spec: SimSpec) -> SimSpec:
     """The same GPUs as one co-located pool (chunked prefill): P + D replicas of the decode shape."""
-    if spec.mode == "Colocated":
+    dep = spec.deployment
+    if dep.mode == "Colocated" or dep.prefill is None or dep.decode is None:
         return spec
     p, d = spec.pools["prefill"], spec.pools["decode"]
-    pool = PoolPlan(
-        "worker",
-        p.replicas + d.replicas,
-        d.gpus,
-        d.tp,
-        p.min_replicas + d.min_replicas,
-        p.max_replicas + d.max_replicas,
+    (p_low, p_high), (d_low, d_high) = _bounds(dep.prefill, p.replicas), _bounds(dep.decode, d.replicas)
+    scaled = dep.prefill.autoscaling is not None or dep.decode.autoscaling is not None
+    worker = dep.decode.model_copy(
+        update={
+            "replicas": p.replicas + d.replicas,
+            "tensor_parallel_size": d.tp,
+            "autoscaling": PoolAutoscaling(min_replicas=p_low + d_low, max_replicas=p_high + d_high)
+            if scaled
+            else None,
+        }
     )
-    return replace(spec, mode="Colocated", pools={"worker": pool})
+    return spec.with_deployment(
+        dep.model_copy(update={"mode": "Colocated", "prefill": None, "decode": None, "worker": worker})
+    )
 
 
 @dataclass(frozen=True)
@@ -77,14 +100,14 @@ def variants(spec: SimSpec, base: SimConfig, kind: str | None) -> list[Variant]:
         raise ValueError(f"unknown comparison {kind!r}; choose one of {', '.join(COMPARE_KINDS)}")
     out: list[Variant] = []
     if kind in ("routers", "all"):
-        out += [Variant(f"router={r}", spec, replace(base, router=r)) for r in ROUTERS]
+        out += [Variant(f"router={r}", spec, replace(base, router=r)) for r in routers()]
     if kind in ("modes", "all"):
         out += [
             Variant("disaggregated", spec, base),
             Variant("colocated", colocated(spec), base),
         ]
     if kind in ("autoscalers", "all"):
-        out += [Variant(f"autoscaler={a}", spec, replace(base, autoscaler=a)) for a in AUTOSCALERS]
+        out += [Variant(f"autoscaler={a}", spec, replace(base, autoscaler=a)) for a in autoscalers()]
     return out
 
 

@@ -1,53 +1,61 @@
-"""Feeds the operator's real autoscaling policies with what Prometheus would see of the simulated pools."""
+"""Feeds the operator's real autoscaling policies with what Prometheus would see of the simulated pools.
+
+The policy reads the deployment's typed spec through the operator's own translation
+(`xpyd_operator.autoscaling_spec.policy_inputs`), so every field of `spec.autoscaling` (targets,
+ratio band, stabilization window, staleness) and each pool's bounds act here as in the operator.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
-from xpyd_operator.autoscaling_baselines import AUTOSCALERS, make_policy
-from xpyd_operator.autoscaling_prometheus import PoolMetrics
-from xpyd_operator.autoscaling_spec import TARGET_KEYS, PoolRuntime, policy_inputs
+from pydantic import ValidationError
+
+from xpyd_api.models import AutoscalingTargets, DisaggregatedDeploymentSpec
+from xpyd_operator.autoscaling_policy import AUTOSCALERS, make_policy
+from xpyd_operator.autoscaling_spec import PoolRuntime, policy_inputs
 from xpyd_operator.autoscaling_types import PoolObservation, PoolState
 from xpyd_sim.cluster import Cluster
 from xpyd_sim.metrics import Histogram, Slo
 
-# CLI spellings -> the operator's registry names.
-ALIASES = {"on": "xpyd", "xpyd": "xpyd", "keda": "keda", "off": "off", "static": "off"}
+# CLI spellings beside the registry's names.
+ALIASES = {"on": "xpyd", "static": "off"}
+TARGET_KEYS = sorted(field.alias or name for name, field in AutoscalingTargets.model_fields.items())
 
 
 def scaler_names() -> list[str]:
     return sorted(set(ALIASES) | set(AUTOSCALERS))
 
 
+def scaler_spec(
+    spec: DisaggregatedDeploymentSpec, slo: Slo, targets: Mapping[str, float] | None = None
+) -> DisaggregatedDeploymentSpec:
+    """The spec the simulated autoscaler reads: on, with the simulation's SLO as the latency targets
+    the spec leaves unset, and `targets` (spec.autoscaling.targets names) over everything."""
+    unknown = set(targets or {}) - set(TARGET_KEYS)
+    if unknown:
+        raise ValueError(f"unknown spec.autoscaling.targets keys {sorted(unknown)}; known: {TARGET_KEYS}")
+    given = spec.autoscaling.targets
+    chosen = given.model_dump(by_alias=True, include=given.model_fields_set)
+    slo_targets = {"ttftP90Seconds": slo.ttft_s, "itlP90Seconds": slo.itl_s}
+    try:
+        merged = AutoscalingTargets.model_validate({**slo_targets, **chosen, **(targets or {})})
+    except ValidationError as exc:
+        raise ValueError(f"invalid spec.autoscaling.targets: {exc}") from exc
+    scaling = spec.autoscaling.model_copy(update={"enabled": True, "targets": merged})
+    return spec.model_copy(update={"autoscaling": scaling})
+
+
 class SimScaler:
     """One autoscaler loop: observe each pool over the last interval, ask the policy, keep its state."""
 
-    def __init__(
-        self, name: str, cluster: Cluster, slo: Slo, interval_s: float, targets: dict[str, float] | None = None
-    ) -> None:
-        if name not in ALIASES:
-            raise ValueError(f"unknown autoscaler {name!r}; choose one of {', '.join(sorted(ALIASES))}")
-        unknown = set(targets or {}) - set(TARGET_KEYS)
-        if unknown:
-            raise ValueError(f"unknown spec.autoscaling.targets keys {sorted(unknown)}; known: {sorted(TARGET_KEYS)}")
-        self.name = ALIASES[name]
+    def __init__(self, name: str, cluster: Cluster, slo: Slo, targets: Mapping[str, float] | None = None) -> None:
+        if name not in ALIASES and name not in AUTOSCALERS:
+            raise ValueError(f"unknown autoscaler {name!r}; choose one of {', '.join(scaler_names())}")
+        self.name = ALIASES.get(name, name)
         self.policy = make_policy(self.name)
         self.cluster = cluster
-        # The spec as the operator's autoscaler reads it (its own translation to bounds, targets and
-        # behaviour), with the simulation's SLO as the policy's SLO targets.
-        self.raw_spec: dict[str, Any] = {
-            "autoscaling": {
-                "enabled": True,
-                "intervalSeconds": interval_s,
-                "targets": {"ttftP90Seconds": slo.ttft_s, "itlP90Seconds": slo.itl_s, **(targets or {})},
-            }
-        }
-        for role, p in cluster.spec.pools.items():
-            self.raw_spec[role] = {
-                "replicas": p.replicas,
-                "gpusPerReplica": p.gpus,
-                "autoscaling": {"minReplicas": p.min_replicas, "maxReplicas": max(p.max_replicas, 1)},
-            }
+        self.spec = scaler_spec(cluster.spec.deployment, slo, targets)
         self.state: dict[str, PoolState] = {}
         self.ttft_window: dict[str, list[float]] = {role: [] for role in cluster.spec.pools}
         self._itl_marks: dict[str, list[int]] = {}
@@ -89,13 +97,6 @@ class SimScaler:
         """Desired replicas per pool with the policy's reason."""
         observed = self.observe(now, itl)
         runtimes = {role: PoolRuntime(o.replicas, o.ready, 0) for role, o in observed.items()}
-        metrics = {
-            role: PoolMetrics(
-                o.waiting, o.running, o.kv_usage, o.ttft_p90, o.itl_p90, o.prompt_tokens_rate, o.reporting, o.sampled_at
-            )
-            for role, o in observed.items()
-        }
-        inputs = policy_inputs(self.raw_spec, runtimes, metrics)
-        decision = self.policy.decide(inputs, self.state, now)
+        decision = self.policy.decide(policy_inputs(self.spec, runtimes, observed), self.state, now)
         self.state = dict(decision.state)
         return {role: (d.desired, d.reason) for role, d in decision.pools.items()}

@@ -1,4 +1,9 @@
-"""Reads the DisaggregatedDeployment YAML kubectl takes and resolves it against the hardware catalogs."""
+"""Reads the DisaggregatedDeployment YAML kubectl takes and resolves it against the hardware catalogs.
+
+The simulation keeps the typed spec (`SimSpec.deployment`) and reads every field from it, so what
+the operator would do with a field is what the simulator does: pool sizes and shapes, the router's
+policy and replicas, and all of `spec.autoscaling` through the operator's own translation.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from xpyd_api.labels import GROUP, KIND, VERSION
-from xpyd_api.models import DisaggregatedDeployment
+from xpyd_api.models import ANY_TOPOLOGY, DisaggregatedDeployment, DisaggregatedDeploymentSpec, PoolAutoscaling
 from xpyd_perf import ModelSpec, Topology, resolve_gpu, resolve_model, resolve_topology
 
 DEFAULT_TOPOLOGY = "HGX-B200"  # what "Any" is simulated on unless --topology says otherwise
@@ -22,30 +27,48 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PoolPlan:
-    """One pool: start size, replica shape and the autoscaler's bounds."""
+    """One pool's starting size and replica shape (its bounds stay in the typed spec)."""
 
     role: str
     replicas: int
     gpus: int
     tp: int
-    min_replicas: int
-    max_replicas: int
 
 
-@dataclass(frozen=True, slots=True)
+def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
+    out = {}
+    for role, pool in deployment.pools().items():
+        low = pool.autoscaling.min_replicas if pool.autoscaling else 1
+        start = pool.replicas if pool.replicas is not None else max(low, 1)
+        out[role] = PoolPlan(role, start, max(1, pool.gpus_per_replica), pool.tp)
+    return out
+
+
+@dataclass(frozen=True)
 class SimSpec:
-    """Everything of a deployment the simulator uses, resolved."""
+    """A deployment to simulate: the typed spec, the model and the hardware it runs on."""
 
     name: str
+    deployment: DisaggregatedDeploymentSpec
     model: ModelSpec
-    kv_bytes_per_token: int | None
     topology: Topology
-    mode: str  # "Disaggregated" | "Colocated"
     pools: dict[str, PoolPlan]
-    router_policy: str
-    router_replicas: int
-    autoscaling: bool
-    interval_s: float
+
+    @classmethod
+    def of(cls, name: str, deployment: DisaggregatedDeploymentSpec, model: ModelSpec, topology: Topology) -> SimSpec:
+        return cls(name, deployment, model, topology, _plans(deployment))
+
+    @property
+    def mode(self) -> str:
+        return self.deployment.mode
+
+    @property
+    def kv_bytes_per_token(self) -> int | None:
+        return self.deployment.model.kv_bytes_per_token
+
+    @property
+    def interval_s(self) -> float:
+        return float(self.deployment.autoscaling.interval_seconds)
 
     @property
     def gpus(self) -> int:
@@ -57,20 +80,25 @@ class SimSpec:
             return f"{self.pools['worker'].replicas}W"
         return f"{self.pools['prefill'].replicas}P{self.pools['decode'].replicas}D"
 
+    def with_deployment(self, deployment: DisaggregatedDeploymentSpec) -> SimSpec:
+        return replace(self, deployment=deployment, pools=_plans(deployment))
+
     def with_pools(self, **sizes: int) -> SimSpec:
-        """The same deployment with some pools resized (their bounds widened to fit)."""
-        pools = dict(self.pools)
+        """The same deployment with some pools resized (their autoscaling bounds widened to fit)."""
+        update = {}
         for role, n in sizes.items():
-            p = pools[role]
-            pools[role] = replace(
-                p, replicas=n, min_replicas=min(p.min_replicas, n), max_replicas=max(p.max_replicas, n)
-            )
-        return replace(self, pools=pools)
+            pool = self.deployment.pools()[role]
+            bounds = pool.autoscaling
+            if bounds is not None:
+                low, high = min(bounds.min_replicas, n), max(bounds.max_replicas, n)
+                bounds = PoolAutoscaling(min_replicas=low, max_replicas=high)
+            update[role] = pool.model_copy(update={"replicas": n, "autoscaling": bounds})
+        return self.with_deployment(self.deployment.model_copy(update=update))
 
 
 def _topology(kind: str, override: str | None, gpu: str | None) -> Topology:
     try:
-        topo = resolve_topology(override or (DEFAULT_TOPOLOGY if kind == "Any" else kind))
+        topo = resolve_topology(override or (DEFAULT_TOPOLOGY if kind == ANY_TOPOLOGY else kind))
         return replace(topo, gpu=resolve_gpu(gpu)) if gpu else topo
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
@@ -94,29 +122,8 @@ def parse(doc: Any, topology: str | None = None, gpu: str | None = None) -> SimS
         model = resolve_model(spec.model.name)
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
-    pools: dict[str, PoolPlan] = {}
-    for role, pool in spec.pools().items():
-        bounds = pool.autoscaling
-        lo = bounds.min_replicas if bounds else (pool.replicas or 1)
-        hi = bounds.max_replicas if bounds else (pool.replicas or 1)
-        start = pool.replicas if pool.replicas is not None else max(lo, 1)
-        gpus = max(1, pool.gpus_per_replica)
-        pools[role] = PoolPlan(role, start, gpus, pool.tp, min(lo, start), max(hi, start))
-    need = {"worker"} if spec.mode == "Colocated" else {"prefill", "decode"}
-    if set(pools) != need:
-        raise SpecError(f"mode {spec.mode} needs pools {sorted(need)}, the spec has {sorted(pools)}")
-    return SimSpec(
-        name=str(dd.metadata.get("name", "unnamed")),
-        model=model,
-        kv_bytes_per_token=spec.model.kv_bytes_per_token,
-        topology=_topology(spec.topology.kind, topology, gpu),
-        mode=spec.mode,
-        pools=pools,
-        router_policy=spec.router.policy,
-        router_replicas=max(1, spec.router.replicas),
-        autoscaling=spec.autoscaling.enabled,
-        interval_s=float(spec.autoscaling.interval_seconds),
-    )
+    name = str(dd.metadata.get("name", "unnamed"))
+    return SimSpec.of(name, spec, model, _topology(spec.topology.kind, topology, gpu))
 
 
 def load(path: Path, topology: str | None = None, gpu: str | None = None) -> SimSpec:
@@ -126,7 +133,9 @@ def load(path: Path, topology: str | None = None, gpu: str | None = None) -> Sim
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from exc
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == KIND:
             return parse(doc, topology, gpu)

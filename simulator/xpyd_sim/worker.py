@@ -65,6 +65,7 @@ class Worker:
         block_tokens: int = 512,
         token_budget: int = 8192,
         max_seqs: int = 256,
+        cache_tokens: int | None = None,
     ) -> None:
         self.index = index
         self.name = f"{role}-{index}"
@@ -77,7 +78,9 @@ class Worker:
         self.max_seqs = max_seqs
         self.kv_cap = perf.kv_capacity_tokens
         self.kv_used = 0
-        self.cache = PrefixCache(self.kv_cap // block_tokens)
+        # the prefix cache lives in the free KV blocks; `cache_tokens` caps it lower (a smaller cache)
+        limit = self.kv_cap if cache_tokens is None else min(self.kv_cap, cache_tokens)
+        self.cache = PrefixCache(limit // block_tokens)
         self.waiting: deque[SimRequest] = deque()  # prompts to compute here
         self.pending: deque[SimRequest] = deque()  # handed-off requests waiting for a decode slot
         self.running: list[tuple[int, int, SimRequest]] = []  # (finish step, rid, request)
@@ -162,7 +165,7 @@ class Worker:
                     break
                 req.kv_reserved = reserve
                 self.kv_used += reserve
-                self.cache.trim((self.kv_cap - self.kv_used) // self.block_tokens)
+                self.cache.trim(min(self.cache.capacity, (self.kv_cap - self.kv_used) // self.block_tokens))
                 hit = self.cache.match(req.blocks) * self.block_tokens
                 req.cached_tokens = min(hit, req.prompt_tokens - 1)
                 req.prefill_done = req.cached_tokens
@@ -190,8 +193,16 @@ class Worker:
         self.version += 1
         return self.end
 
-    def complete(self, now: float, itl: Histogram, handoffs: list[SimRequest], done: list[SimRequest]) -> None:
-        """Apply the step or segment ending now: tokens, finished sequences, finished prompts."""
+    def complete(
+        self,
+        now: float,
+        itl: Histogram,
+        handoffs: list[SimRequest],
+        done: list[SimRequest],
+        started: list[SimRequest] | None = None,
+    ) -> None:
+        """Apply the step or segment ending now: tokens, finished sequences, finished prompts (the ones
+        computed here for their own answer, which now have a first token, are added to `started`)."""
         running = self.running
         k, batch = self.seg_k, len(running)
         if batch:
@@ -221,6 +232,8 @@ class Worker:
                 handoffs.append(req)
                 continue
             req.first_token = now
+            if started is not None:
+                started.append(req)
             if req.output_tokens == 1:
                 req.finished = now
                 self.kv_used -= req.kv_reserved
@@ -229,5 +242,5 @@ class Worker:
                 heapq.heappush(running, (self.steps + req.output_tokens - 1, req.rid, req))
                 self.ctx += req.prompt_tokens + 1
         self._chunks.clear()
-        self.cache.trim((self.kv_cap - self.kv_used) // self.block_tokens)
+        self.cache.trim(min(self.cache.capacity, (self.kv_cap - self.kv_used) // self.block_tokens))
         self.end = -1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from xpyd_api.models import RatioBand
 from xpyd_operator.autoscaling_guards import apply_gpu_ceiling, apply_ratio_band
 from xpyd_operator.autoscaling_policy import XpydPolicy
 from xpyd_operator.autoscaling_types import PolicyInputs, PoolBounds, PoolDecision, PoolObservation
@@ -37,7 +38,7 @@ def test_ratio_band(
     want: tuple[int, int],
     reasons: tuple[str, str],
 ) -> None:
-    out = apply_ratio_band(dec(p, d), BOUNDS, band, blocked)
+    out = apply_ratio_band(dec(p, d), BOUNDS, RatioBand(min=band[0], max=band[1]) if band else None, blocked)
     assert (out["prefill"].desired, out["decode"].desired) == want
     assert (out["prefill"].reason, out["decode"].reason) == reasons
 
@@ -69,7 +70,7 @@ def test_policy_applies_band_then_ceiling() -> None:
         "prefill": PoolObservation(replicas=1, ready=1, waiting=0.0, sampled_at=NOW),
         "decode": PoolObservation(replicas=4, ready=4, waiting=12.0, kv_usage=0.9, sampled_at=NOW),
     }
-    inputs = PolicyInputs(pools=pools, bounds=BOUNDS, ratio_band=(0.5, 2.0), free_gpus=16)
+    inputs = PolicyInputs(pools=pools, bounds=BOUNDS, ratio_band=RatioBand(min=0.5, max=2.0), free_gpus=16)
     d = XpydPolicy().decide(inputs, {}, NOW)
     # decode wants 12 (queue) -> at most 8 this step; band wants prefill 4; 16 GPUs = 4 replicas more.
     assert (d.pools["prefill"].desired, d.pools["decode"].desired) == (3, 6)

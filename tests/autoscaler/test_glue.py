@@ -7,24 +7,40 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from xpyd_operator.autoscaler import evaluate
+from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus, RatioBand
 from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
-from xpyd_operator.autoscaling_prometheus import PoolMetrics, PrometheusError
-from xpyd_operator.autoscaling_spec import PoolRuntime, managed_pools, policy_inputs, pool_runtime
+from xpyd_operator.autoscaling_spec import (
+    AutoscaleResult,
+    PoolRuntime,
+    evaluate,
+    managed_pools,
+    policy_inputs,
+    pool_runtime,
+)
+from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
 
 NOW = 1_800_000_000.0
 
 
-def dd(status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "llama", "namespace": "ns", "generation": 3},
-        "spec": {
+def spec(**autoscaling: Any) -> DisaggregatedDeploymentSpec:
+    return DisaggregatedDeploymentSpec.model_validate(
+        {
+            "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
             "prefill": {"gpusPerReplica": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 8}},
             "decode": {"gpusPerReplica": 8, "autoscaling": {"minReplicas": 2, "maxReplicas": 16}},
             "autoscaling": {"enabled": True, "intervalSeconds": 15, **autoscaling},
-        },
-        "status": status or {},
-    }
+        }
+    )
+
+
+def run(
+    metrics: dict[str, PoolMetrics] | PrometheusError,
+    status: dict[str, Any] | None = None,
+    runtimes: dict[str, PoolRuntime] | None = None,
+    now: float = NOW,
+) -> AutoscaleResult:
+    old = DisaggregatedDeploymentStatus.read(status)
+    return evaluate(spec(), old, 3, runtimes or RT, metrics, now)
 
 
 RT = {"prefill": PoolRuntime(2, 2, 0), "decode": PoolRuntime(4, 4, 0)}
@@ -35,40 +51,63 @@ BUSY = {
 
 
 def test_spec_to_inputs() -> None:
-    spec = dd(ratioBand={"min": 0.25, "max": 1}, targets={"decodeKvUsage": 0.8})["spec"]
-    inputs = policy_inputs(spec, RT, BUSY)
+    s = spec(ratioBand={"min": 0.25, "max": 1}, targets={"decodeKvUsage": 0.8}, stabilizationSeconds=60)
+    inputs = policy_inputs(s, RT, BUSY)
     assert inputs.bounds["decode"].min_replicas == 2
     assert inputs.bounds["prefill"].gpus_per_replica == 8
-    assert inputs.ratio_band == (0.25, 1.0)
+    assert inputs.ratio_band == RatioBand(min=0.25, max=1.0)
     assert inputs.targets.decode_kv_usage == 0.8
+    assert inputs.targets.prefill_waiting_per_replica == 2.0  # the model's default
+    assert inputs.behavior.stabilization_seconds == 60
+    assert inputs.behavior.stale_after_seconds == 60  # max(60, 4 x 15)
     assert inputs.pools["prefill"].waiting == 20.0
-    assert managed_pools({**spec, "autoscaling": {"enabled": False}}) == {}
+    assert managed_pools(spec(enabled=False)) == {}
 
 
-def test_unknown_target_is_named() -> None:
-    with pytest.raises(ValueError, match=r"unknown spec.autoscaling.targets keys \['queue'\]"):
-        policy_inputs(dd(targets={"queue": 1})["spec"], RT, BUSY)
+# Each spec.autoscaling field with a value and what the policy's inputs must then show.
+FIELDS: list[tuple[str, Any, Any]] = [
+    ("intervalSeconds", 30, lambda i: i.behavior.stale_after_seconds == 120),
+    ("staleAfterSeconds", 45, lambda i: i.behavior.stale_after_seconds == 45),
+    ("stabilizationSeconds", 90, lambda i: i.behavior.stabilization_seconds == 90),
+    ("ratioBand", {"min": 0.5, "max": 2}, lambda i: (i.ratio_band.min, i.ratio_band.max) == (0.5, 2)),
+    ("targets", {"ttftP90Seconds": 0.5}, lambda i: i.targets.ttft_p90_seconds == 0.5),
+    ("enabled", False, lambda i: i.bounds == {}),
+    ("prometheusUrl", "http://p:9090", lambda i: set(i.bounds) == {"prefill", "decode"}),  # read by the loop
+]
+
+
+def test_every_autoscaling_field_has_a_case() -> None:
+    from xpyd_api.models import AutoscalingSpec
+
+    aliases = {f.alias or n for n, f in AutoscalingSpec.model_fields.items()}
+    assert aliases == {name for name, _, _ in FIELDS}
+
+
+@pytest.mark.parametrize(("field", "value", "seen"), FIELDS, ids=[f[0] for f in FIELDS])
+def test_each_autoscaling_field_reaches_the_policy(field: str, value: Any, seen: Any) -> None:
+    assert seen(policy_inputs(spec(**{field: value}), RT, BUSY))
 
 
 def test_decision_status_and_restart() -> None:
-    first = evaluate(dd(), RT, BUSY, NOW)
+    first = run(BUSY)
     assert first.desired == {"prefill": 6, "decode": 4}
     assert first.status["prefill"]["reason"] == "scale-up"
     assert first.status["prefill"]["lastScaleTime"] == "2027-01-15T08:00:00Z"
-    assert (first.condition["status"], first.condition["reason"]) == ("True", "MetricsFresh")
+    assert (first.condition.status, first.condition.reason) == ("True", "MetricsFresh")
+    assert first.condition.observed_generation == 3
     # A new operator process reads its history back from the status it wrote.
-    after = {"autoscaler": first.status, "conditions": [first.condition]}
-    rt = {"prefill": PoolRuntime(6, 2, 0), "decode": RT["decode"]}
-    again = evaluate(dd(after), rt, BUSY, NOW + 15)
+    condition = first.condition.model_dump(by_alias=True, exclude_none=True)
+    after = {"autoscaler": first.status, "conditions": [condition]}
+    again = run(BUSY, after, {"prefill": PoolRuntime(6, 2, 0), "decode": RT["decode"]}, NOW + 15)
     assert again.decision.state["prefill"].last_direction == 1
-    assert again.condition["lastTransitionTime"] == first.condition["lastTransitionTime"]
+    assert again.condition.last_transition_time == first.condition.last_transition_time
 
 
 def test_prometheus_down_holds_and_is_unhealthy() -> None:
     err = PrometheusError("PrometheusUnreachable", "http://p:9090: ConnectError")
-    res = evaluate(dd(), RT, err, NOW)
+    res = run(err)
     assert res.desired == {"prefill": 2, "decode": 4}
-    assert (res.condition["status"], res.condition["reason"]) == ("False", "PrometheusUnreachable")
+    assert (res.condition.status, res.condition.reason) == ("False", "PrometheusUnreachable")
     assert res.status["decode"]["reason"] == "no-data"
 
 
@@ -93,7 +132,7 @@ def test_pending_pods_are_counted() -> None:
 def test_metrics_exported() -> None:
     reg = CollectorRegistry()
     m = AutoscalerMetrics(reg)
-    res = evaluate(dd(), RT, BUSY, NOW)
+    res = run(BUSY)
     m.record("ns", "llama", res.decision, {"prefill": 2, "decode": 4}, {"prefill": 2, "decode": 4})
     labels = {"namespace": "ns", "deployment": "llama", "role": "prefill"}
     assert reg.get_sample_value("xpyd_autoscaler_desired_replicas", labels) == 6

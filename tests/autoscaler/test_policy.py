@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from xpyd_api.models import AutoscalingTargets
 from xpyd_operator.autoscaling_policy import XpydPolicy, recommend
 from xpyd_operator.autoscaling_types import (
     Behavior,
@@ -183,22 +184,26 @@ def test_decision_records_history() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        lambda: PoolBounds(min_replicas=3, max_replicas=2),
-        lambda: PoolBounds(min_replicas=-1, max_replicas=2),
-        lambda: PoolBounds(min_replicas=0, max_replicas=0),
-        lambda: PoolBounds(1, 2, gpus_per_replica=0),
         lambda: PoolObservation(replicas=-1),
         lambda: PoolObservation(replicas=1, kv_usage=1.5),
         lambda: Targets(decode_kv_usage=0),
         lambda: Targets(prefill_utilization=1.5),
+        lambda: Targets(tolerance=-0.1),
         lambda: Behavior(scale_down_max_fraction=0),
         lambda: PolicyInputs(pools={"decode": obs(1)}, bounds={"prefill": B}),
-        lambda: PolicyInputs(pools={}, bounds={}, ratio_band=(2.0, 1.0)),
     ],
 )
 def test_bad_input_is_refused(bad: Any) -> None:
     with pytest.raises(ValueError, match=r"."):
         bad()
+
+
+def test_targets_are_the_spec_targets_with_their_defaults() -> None:
+    """A field of spec.autoscaling.targets is a field of the policy's Targets, with the same default."""
+    spec_fields = AutoscalingTargets.model_fields
+    assert set(spec_fields) <= set(Targets.model_fields)
+    assert {n: f.default for n, f in spec_fields.items()} == {n: getattr(Targets(), n) for n in spec_fields}
+    assert set(Targets.model_fields) - set(spec_fields) == {"tolerance"}  # the policy's own hold band
 
 
 def test_junk_history_reads_as_empty() -> None:

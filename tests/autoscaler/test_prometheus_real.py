@@ -15,7 +15,8 @@ import yaml
 from aiohttp import web
 
 from xpyd_chart.helm import find_binary
-from xpyd_operator.autoscaling_prometheus import PoolMetrics, PrometheusClient, PrometheusError
+from xpyd_operator.autoscaling_prometheus import PrometheusClient
+from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
 
 pytestmark = pytest.mark.slow
 PROMETHEUS = find_binary("prometheus")  # the local cluster's build (`make tools`), else one on PATH
@@ -162,8 +163,9 @@ async def test_pool_metrics_from_real_prometheus(prometheus: str, workers: dict[
 
         # A worker that stops answering goes stale and leaves the sums.
         await workers["llama-prefill-1"].stop()
-        got = await until(c, lambda g: g["prefill"].reporting == 1)
-        assert got["prefill"].waiting == 3.0
+        # (reporting and waiting are separate queries: wait until both have seen the stale marker)
+        got = await until(c, lambda g: g["prefill"].reporting == 1 and g["prefill"].waiting == 3.0)
+        assert (got["prefill"].waiting, got["prefill"].reporting) == (3.0, 1)
 
 
 async def test_unreachable_prometheus_is_a_reason() -> None:

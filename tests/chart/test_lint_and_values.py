@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from xpyd_chart.helm import CHART, KUBE_VERSION, run, set_args
+from xpyd_chart.helm import CHART, KUBE_VERSION, PROMETHEUS_OPERATOR_API, run, set_args
 
 pytestmark = pytest.mark.usefixtures("helm")
 
@@ -138,10 +138,27 @@ def test_notes_render(tmp_path: Path) -> None:
     notes = render_notes(tmp_path)
     assert "kubectl -n xpyd-system rollout status deployment/rel-xpyd-operator" in notes
     assert "every namespace" in notes
-    assert "No Prometheus Operator found" in notes
 
 
-def test_notes_namespaced_with_prometheus_operator(tmp_path: Path) -> None:
-    notes = render_notes(tmp_path, "--set", "operator.watchNamespace=team-a", "-a", "monitoring.coreos.com/v1")
-    assert "in namespace team-a only" in notes
-    assert "No Prometheus Operator found" not in notes
+NO_MONITOR = "No PodMonitor was created"
+GITOPS_HINT = "Set metrics.podMonitor.enabled=true"
+
+
+@pytest.mark.parametrize(
+    ("extra", "present", "absent"),
+    [
+        ((), [NO_MONITOR, "no Prometheus Operator API", GITOPS_HINT], []),
+        (("-a", PROMETHEUS_OPERATOR_API), [], [NO_MONITOR]),
+        (("--set", "metrics.podMonitor.enabled=true"), [], [NO_MONITOR]),
+        (("--set", "metrics.podMonitor.enabled=false"), [NO_MONITOR, "MetricsMissing"], [GITOPS_HINT.split("=")[0]]),
+        (("--set", "operator.watchNamespace=team-a", "-a", PROMETHEUS_OPERATOR_API), ["namespace team-a only"], []),
+    ],
+)
+def test_notes_say_when_nothing_scrapes_the_workers(
+    tmp_path: Path, extra: tuple[str, ...], present: list[str], absent: list[str]
+) -> None:
+    notes = render_notes(tmp_path, *extra)
+    for words in present:
+        assert words in notes
+    for words in absent:
+        assert words not in notes

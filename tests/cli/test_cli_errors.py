@@ -79,7 +79,25 @@ CASES: list[tuple[str, list[str], str]] = [
     ("cluster: unknown action", ["cluster", "frob"], "invalid choice: 'frob'"),
     ("cluster: binaries missing", ["cluster", "nodes"], "run 'make cluster-up'"),
     ("cluster: not running", ["cluster", "env"], "not running; start it with 'make cluster-up'"),
+    ("render: missing file", ["render", "nosuch.yaml"], "nosuch.yaml does not exist"),
+    ("render: not YAML", ["render", "{tmp}/garbage.yaml"], "not valid YAML at line 2"),
+    ("render: no deployment", ["render", "{tmp}/cm.yaml"], "no DisaggregatedDeployment in the file"),
+    ("render: schema", ["render", "{tmp}/dd.yaml", "--topology", "HGX-B200"], "must be <= 8 on HGX-B200"),
+    ("render: does not fit", ["render", "{tmp}/dd.yaml"], "(Ready=False, ReplicaDoesNotFit): prefill: deepseek-v3"),
+    ("render: bad topology", ["render", "{tmp}/dd.yaml", "--topology", "TPU"], "--topology must be one of"),
+    ("render: bad network", ["render", "{tmp}/dd.yaml", "--default-network", "Slingshot"], "--default-network"),
 ]  # fmt: skip
+# Does not fit a GB200 tray (671 GB of FP8 weights), and breaks HGX-B200's 8-GPU node limit.
+DEEPSEEK_ON_A_TRAY = """
+apiVersion: xpyd.io/v1alpha1
+kind: DisaggregatedDeployment
+metadata: {name: ds}
+spec:
+  model: {name: deepseek-ai/DeepSeek-V3}
+  topology: {kind: GB200-NVL72}
+  prefill: {replicas: 1, gpusPerReplica: 4}
+  decode: {replicas: 1, gpusPerReplica: 12}
+"""
 
 
 @pytest.mark.parametrize(("name", "argv", "expected"), CASES, ids=[c[0] for c in CASES])
@@ -94,6 +112,8 @@ def test_bad_input_gives_one_line_and_exit_2(
     tmp = no_cluster
     (tmp / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     (tmp / "bad.jsonl").write_text('{"timestamp": 0, "input_length": "many"}\n')
+    (tmp / "garbage.yaml").write_text("a: [\n")
+    (tmp / "dd.yaml").write_text(DEEPSEEK_ON_A_TRAY)
     if name == "operator: unreachable API server":
         monkeypatch.setenv("KUBECONFIG", bad_kubeconfig(tmp, refused_url().replace("http", "https")))
     if name == "operator: kubeconfig not YAML":

@@ -30,6 +30,12 @@ def test_nodes_match_the_topology_facts() -> None:
     )
 
 
+def test_gpu_nodes_offer_the_rdma_slots_engine_pods_ask_for() -> None:
+    for node in nodes.all_nodes():
+        gpus = "nvidia.com/gpu" in node["status"]["allocatable"]
+        assert (node["status"]["allocatable"].get("rdma/ib") == "64") is gpus
+
+
 def test_clique_ids_are_stable_and_shaped_like_gfd() -> None:
     assert nodes.clique_id(0) == nodes.clique_id(0)
     uuid_part, clique = nodes.clique_id(1).split(".")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
 from xpyd_emulator.cmdline import CommandLineError, parse_engine_command
@@ -65,3 +68,43 @@ def test_flags_env_and_defaults() -> None:
 def test_bad_command_lines(command: list[str], message: str) -> None:
     with pytest.raises(CommandLineError, match=message):
         parse_engine_command(command, {})
+
+
+REAL_ENGINE_FLAGS = shlex.split(
+    "--enable-chunked-prefill --trust-remote-code --disable-log-requests --enable-log-requests "
+    "--max-num-partial-prefills 2 --long-prefill-token-threshold 8 --data-parallel-size-local 1 "
+    "--data-parallel-rank 0 --data-parallel-address 10.0.0.1 --data-parallel-rpc-port 13345 "
+    "--ec-transfer-config {} --pipeline-parallel-size 1 --max-seq-len-to-capture 8 "
+    "--kv-cache-dtype fp8 --enforce-eager --max-logprobs 5 --dtype auto --quantization fp8 --seed 1 "
+    "--swap-space 4 --cpu-offload-gb 0 --enable-lora --max-loras 2 --max-lora-rank 8 --tokenizer t "
+    "--load-format auto --disable-log-stats --api-key k --chat-template t --tool-call-parser hermes "
+    "--enable-auto-tool-choice --reasoning-parser r --speculative-config {} --compilation-config {} "
+    "--async-scheduling --enable-dp-lm-head --pp-size 1 --ep-size 1 --enable-mixed-chunk "
+    "--disaggregation-transfer-backend nixl --disaggregation-ib-device mlx5_0 --disable-cuda-graph "
+    "--schedule-policy lpm --max-queued-requests 10 --attention-backend fa3 --enable-metrics "
+    "--max-total-tokens 100 --cuda-graph-max-bs 8 --disaggregation-decode-tp 2 --disaggregation-decode-dp 1 "
+    "--load-balance-method round_robin --dist-init-addr a:1 --nnodes 1 --node-rank 0 --max-prefill-tokens 8"
+)
+
+
+def test_real_engine_flags_the_emulator_does_not_model_pass_through() -> None:
+    cfg = parse_engine_command(["vllm", "serve", "m", *REAL_ENGINE_FLAGS], {})
+    assert cfg.extra_args == REAL_ENGINE_FLAGS
+
+
+def test_config_file_env_fallbacks_and_connector_options(tmp_path: Path) -> None:
+    path = tmp_path / "vllm.yaml"
+    path.write_text("max_model_len: 4096\ntensor-parallel-size: 2\nenable-prefix-caching: false\n"
+                    "served-model-name: [a, b]\nkv-transfer-config: {kv_connector: NixlConnector}\n")  # fmt: skip
+    cfg = parse_engine_command(["vllm", "serve", "m", "--config", str(path), "-tp", "4"], {})
+    assert (cfg.max_model_len, cfg.tp, cfg.served_model_names) == (4096, 4, ["a", "b"])  # the command line wins
+    assert cfg.kv_transfer_config == {"kv_connector": "NixlConnector"}
+    assert (
+        parse_engine_command(["vllm", "serve", "m"], {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "45"}).kv_lease_seconds == 45
+    )
+    both = {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "45", "XPYD_KV_LEASE_SECONDS": "5"}
+    assert parse_engine_command(["vllm", "serve", "m"], both).kv_lease_seconds == 5
+    sglang = ["python3", "-m", "sglang.launch_server", "--model-path", "m", "--disaggregation-mode", "null"]
+    assert parse_engine_command(sglang, {}).disaggregation_mode is None
+    limits = parse_engine_command(["vllm", "serve", "m"], {"XPYD_MAX_BODY_MB": "0.5", "XPYD_DRAIN_TIMEOUT": "3"})
+    assert (limits.max_body_bytes, limits.drain_seconds, limits.max_connections) == (1 << 19, 3.0, 4096)

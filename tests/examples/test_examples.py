@@ -13,7 +13,12 @@ from xpyd_api.models import DisaggregatedDeployment
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
-GPUS_PER_NODE = {"HGX-B200": 8, "GB200-NVL72": 4}
+# Public reference deployments reproduced as DisaggregatedDeployments (tests/examples/test_reference_pods.py).
+REFERENCE_EXAMPLES = (
+    "llama-70b-hgx-b200.yaml",
+    "deepseek-r1-wide-ep-hgx-b200.yaml",
+    "deepseek-r1-gb200-nvl72.yaml",
+)
 
 
 def _deployments(path: Path) -> list[dict[str, Any]]:
@@ -27,7 +32,7 @@ def _all() -> list[tuple[Path, dict[str, Any]]]:
 
 def test_the_promised_examples_exist() -> None:
     names = {p.relative_to(REPO / "examples").as_posix() for p in EXAMPLES}
-    assert {"llama-70b-hgx-b200.yaml", "deepseek-v3-gb200-nvl72.yaml", "colocated-h100.yaml"} <= names
+    assert set(REFERENCE_EXAMPLES) | {"colocated-h100.yaml"} <= names
     assert {"demo/hgx-b200-emulated.yaml", "demo/gb200-nvl72-emulated.yaml"} <= names
 
 
@@ -42,10 +47,10 @@ def test_example_validates_against_the_api(path: Path, doc: dict[str, Any]) -> N
     assert doc["apiVersion"] == f"{L.GROUP}/{L.VERSION}"
     model = DisaggregatedDeployment.model_validate(doc)
     assert len(doc["metadata"]["name"]) <= 40
-    per_node = GPUS_PER_NODE.get(model.spec.topology.kind)
+    topology = model.spec.topology.hardware
     for role, pool in model.spec.pools().items():
-        if per_node is not None:
-            assert pool.gpus_per_replica <= per_node, f"{path.name}: {role} replica must fit one node"
+        if topology is not None:
+            assert pool.gpus_per_replica <= topology.gpus_per_node, f"{path.name}: {role} replica must fit one node"
         if pool.autoscaling and pool.replicas is not None:
             assert pool.autoscaling.min_replicas <= pool.replicas <= pool.autoscaling.max_replicas
 
@@ -54,7 +59,8 @@ def test_example_validates_against_the_api(path: Path, doc: dict[str, Any]) -> N
     ("name", "topology", "mode"),
     [
         ("llama-70b-hgx-b200.yaml", "HGX-B200", "Disaggregated"),
-        ("deepseek-v3-gb200-nvl72.yaml", "GB200-NVL72", "Disaggregated"),
+        ("deepseek-r1-wide-ep-hgx-b200.yaml", "HGX-B200", "Disaggregated"),
+        ("deepseek-r1-gb200-nvl72.yaml", "GB200-NVL72", "Disaggregated"),
         ("colocated-h100.yaml", "Any", "Colocated"),
         ("demo/hgx-b200-emulated.yaml", "HGX-B200", "Disaggregated"),
         ("demo/gb200-nvl72-emulated.yaml", "GB200-NVL72", "Disaggregated"),
@@ -69,7 +75,7 @@ def test_example_shape(name: str, topology: str, mode: str) -> None:
 
 
 def test_nvl72_example_fits_one_clique_at_its_maxima() -> None:
-    (doc,) = _deployments(REPO / "examples" / "deepseek-v3-gb200-nvl72.yaml")
+    (doc,) = _deployments(REPO / "examples" / "deepseek-r1-gb200-nvl72.yaml")
     spec = DisaggregatedDeployment.model_validate(doc).spec
     gpus = 0
     for pool in spec.pools().values():

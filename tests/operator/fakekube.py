@@ -1,4 +1,4 @@
-"""In-memory API server and sample data for tests of the reconciler (and of hooks such as the autoscaler)."""
+"""In-memory API server and sample data for tests of the reconciler (and of the autoscaler beside it)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from xpyd_api.models import DisaggregatedDeploymentSpec
 from xpyd_operator.desired import Observed
 from xpyd_operator.meta import Owner
 from xpyd_operator.placement import NodeInfo
+from xpyd_perf import TOPOLOGIES, Topology
 
 OWNER = Owner("llama", "ns1", "uid-1")
 CLIQUE_A = "cluster-uuid.0"
@@ -28,14 +29,14 @@ def spec(**overrides: Any) -> DisaggregatedDeploymentSpec:
 
 
 def b200_nodes(n: int = 4) -> list[NodeInfo]:
-    lab = {L.GPU_PRODUCT: L.PRODUCT_B200, L.GPU_COUNT: "8"}
+    lab = TOPOLOGIES["HGX-B200"].node_labels()
     return [NodeInfo(f"b200-{i}", lab, 8) for i in range(n)]
 
 
 def nvl72_nodes(racks: int = 2, trays: int = 18) -> list[NodeInfo]:
     out = []
     for r, clique in enumerate([CLIQUE_A, CLIQUE_B][:racks]):
-        lab = {L.GPU_PRODUCT: L.PRODUCT_GB200, L.GPU_COUNT: "4", L.GPU_CLIQUE: clique}
+        lab = TOPOLOGIES["GB200-NVL72"].node_labels(clique)
         out += [NodeInfo(f"gb200-r{r}-t{t}", lab, 4) for t in range(trays)]
     return out
 
@@ -65,7 +66,7 @@ class FakeKube:
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.dd)
 
-    async def observe(self, owner: Owner, topology: str) -> Observed:
+    async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
         children = copy.deepcopy(self.objects)
         return Observed(nodes=list(self.nodes), children=children, compute_domain_crd=self.compute_domain_crd)
 

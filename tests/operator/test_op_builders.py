@@ -17,6 +17,7 @@ from xpyd_operator.placement import Demand, place
 IMG = "ghcr.io/xpyd/xpyd:test"
 KV = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 M70 = "meta-llama/Llama-3.1-70B-Instruct"
+EV = '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5657","topic":"kv-events"}'
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,8 @@ M70 = "meta-llama/Llama-3.1-70B-Instruct"
                 "8",
                 "--kv-transfer-config",
                 KV,
+                "--kv-events-config",
+                EV,
             ],
         ),
         (
@@ -49,6 +52,8 @@ M70 = "meta-llama/Llama-3.1-70B-Instruct"
                 "--tensor-parallel-size",
                 "4",
                 "--enable-chunked-prefill",
+                "--kv-events-config",
+                EV,
             ],
         ),
         (
@@ -70,6 +75,8 @@ M70 = "meta-llama/Llama-3.1-70B-Instruct"
                 "decode",
                 "--disaggregation-transfer-backend",
                 "nixl",
+                "--kv-events-config",
+                EV,
             ],
         ),
         (
@@ -93,6 +100,8 @@ M70 = "meta-llama/Llama-3.1-70B-Instruct"
                 "mooncake",
                 "--disaggregation-bootstrap-port",
                 "8998",
+                "--kv-events-config",
+                EV,
             ],
         ),
         (
@@ -111,28 +120,51 @@ M70 = "meta-llama/Llama-3.1-70B-Instruct"
                 "8",
                 "--kv-transfer-config",
                 KV,
+                "--kv-events-config",
+                EV,
                 "--max-model-len",
                 "8192",
             ],
         ),
         (
-            {"decode": {"replicas": 1, "gpusPerReplica": 8, "tensorParallelSize": 4, "args": ["--x"]}},
+            {"decode": {"replicas": 1, "gpusPerReplica": 8, "tensorParallelSize": 4, "dataParallelSize": 2,
+                        "args": ["--x"]}},
             "decode",
             [
-                "vllm",
-                "serve",
-                M70,
-                "--port",
-                "8000",
-                "--tensor-parallel-size",
-                "4",
-                "--kv-transfer-config",
-                KV,
-                "--x",
+                "vllm", "serve", M70, "--port", "8000", "--tensor-parallel-size", "4", "--data-parallel-size", "2",
+                "--kv-transfer-config", KV, "--kv-events-config", EV, "--x",
+            ],
+        ),
+        (  # wide expert parallel (llm-d wide-ep-lws): one replica = 8 data-parallel ranks of TP1
+            {"decode": {"replicas": 1, "gpusPerReplica": 8, "dataParallelSize": 8, "expertParallel": True}},
+            "decode",
+            [
+                "vllm", "serve", M70, "--port", "8000", "--tensor-parallel-size", "1", "--data-parallel-size", "8",
+                "--enable-expert-parallel", "--kv-transfer-config", KV, "--kv-events-config", EV,
+            ],
+        ),
+        (  # SGLang's --tp is the world size; data-parallel attention and expert parallel split it
+            {"engine": {"kind": "sglang"},
+             "decode": {"replicas": 1, "gpusPerReplica": 8, "dataParallelSize": 8, "expertParallel": True}},
+            "decode",
+            [
+                "python3", "-m", "sglang.launch_server", "--model-path", M70, "--host", "0.0.0.0", "--port", "8000",
+                "--tp", "8", "--dp-size", "8", "--enable-dp-attention", "--ep-size", "8",
+                "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "nixl",
+                "--kv-events-config", EV,
+            ],
+        ),
+        (  # AWS EFA: NIXL moves the KV cache over libfabric
+            {"network": {"profile": "AWS-EFA"}},
+            "prefill",
+            [
+                "vllm", "serve", M70, "--port", "8000", "--tensor-parallel-size", "8", "--kv-transfer-config",
+                '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"backends":["LIBFABRIC"]}}',
+                "--kv-events-config", EV,
             ],
         ),
     ],
-)
+)  # fmt: skip
 def test_engine_command(overrides: dict[str, Any], role: str, argv: list[str]) -> None:
     body = {k: v for k, v in {**_base(), **overrides}.items() if v is not None}
     s = _spec(body)
@@ -198,7 +230,9 @@ def test_engine_container_probes_gpus_and_drain() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert "vllm:num_requests_running" in c["lifecycle"]["preStop"]["exec"]["command"][2]
-    assert [p["containerPort"] for p in c["ports"]] == [8000, 5600]
+    assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [
+        ("http", 8000), ("kv-side", 5600), ("kv-events", 5557), ("kv-replay", 5657),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -211,7 +245,7 @@ def test_statefulset(replicas: int | None, clique: str | None, cd: bool) -> None
         prefill["replicas"] = replicas
     s = spec(topology={"kind": "GB200-NVL72"}, prefill=prefill, decode={"replicas": 1, "gpusPerReplica": 4})
     assert s.prefill is not None
-    sel = {L.GPU_PRODUCT: L.PRODUCT_GB200}
+    sel = {L.GPU_PRODUCT: "NVIDIA-GB200"}  # as GPU Feature Discovery labels a GB200 tray
     sts = pools.statefulset(OWNER, s, "prefill", s.prefill, sel, clique, cd, IMG)
     body, pod = sts["spec"], sts["spec"]["template"]["spec"]
     assert sts["metadata"]["name"] == "llama-prefill"
@@ -275,6 +309,23 @@ def test_router_objects(router: dict[str, Any], image: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("router", "env"),
+    [
+        ({}, None),
+        (
+            {"apiKeySecret": {"name": "router-key", "key": "token"}},
+            {"name": "XPYD_ROUTER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "router-key", "key": "token"}}},
+        ),
+    ],
+)
+def test_router_api_key_comes_from_the_secret(router: dict[str, Any], env: dict[str, Any] | None) -> None:
+    c = routerkit.deployment(OWNER, spec(router=router), IMG)["spec"]["template"]["spec"]["containers"][0]
+    found = [e for e in c["env"] if e["name"] == L.ENV_ROUTER_API_KEY]
+    assert found == ([env] if env else [])
+    assert "token" not in json.dumps(c["command"])  # never a literal on the command line
+
+
+@pytest.mark.parametrize(
     ("mode_body", "kinds"),
     [
         (
@@ -314,7 +365,7 @@ def test_children_are_owned_labelled_and_stamped(mode_body: dict[str, Any], kind
         body = {"model": body["model"], "topology": body["topology"], **mode_body}
     s = _spec(body)
     demands = [Demand(role, p.replicas or 1, p.gpus_per_replica, p.tp) for role, p in s.pools().items()]
-    children = build_children(OWNER, s, place("HGX-B200", demands), False, IMG, IMG)
+    children = build_children(OWNER, s, place(s.topology.hardware, demands), False, IMG, IMG)
     assert [c["kind"] for c in children] == kinds
     for c in children:
         assert c["metadata"]["ownerReferences"] == [OWNER.ref()]
@@ -329,3 +380,9 @@ def test_hash_is_stable_and_changes_with_content() -> None:
     c = stamp({"kind": "X", "metadata": {"name": "a"}, "spec": {"v": 2}})
     assert a == b
     assert manifest_hash(a) != manifest_hash(c)
+
+
+@pytest.mark.parametrize(("kind", "extra"), [("vllm", []), ("sglang", []), ("emulator", ["--tokenizer", "emulator"])])
+def test_router_keys_prefixes_by_the_emulator_tokens_only_for_the_emulator(kind: str, extra: list[str]) -> None:
+    c = routerkit.deployment(OWNER, spec(engine={"kind": kind}), IMG)["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][c["command"].index("--engine") + 2 :] == extra

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fakekube import CLIQUE_A, CLIQUE_B, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
 
-from xpyd_api import labels as L
+from xpyd_api.models import TopologySpec
 from xpyd_operator.placement import (
     Demand,
     PodInfo,
@@ -14,8 +14,14 @@ from xpyd_operator.placement import (
     place,
     unschedulable_reason,
 )
+from xpyd_perf import TOPOLOGIES, Topology
 
 ME = "ns1/llama"
+HGX, NVL72 = TOPOLOGIES["HGX-B200"], TOPOLOGIES["GB200-NVL72"]
+
+
+def _hw(kind: str) -> Topology | None:
+    return TopologySpec(kind=kind).hardware
 
 
 def _d(prefill: int, decode: int, gpus: int = 4, tp_decode: int | None = None) -> list[Demand]:
@@ -72,15 +78,15 @@ def test_place_nvl72(
     satisfied: bool,
     kv: str,
 ) -> None:
-    got = place("GB200-NVL72", demands, free, current)
+    got = place(NVL72, demands, free, current)
     assert set(got.pins.values()) == pins
     assert (got.satisfied, got.kv_path) == (satisfied, kv)
-    assert got.node_selector == {L.GPU_PRODUCT: L.PRODUCT_GB200}
+    assert got.node_selector == NVL72.node_selector()
     assert got.reason == ("OneRack" if satisfied else "SpansRacks")
 
 
 def test_spread_message_says_the_handoff_crosses_racks() -> None:
-    got = place("GB200-NVL72", _d(4, 16), {CLIQUE_A: 72, CLIQUE_B: 72})
+    got = place(NVL72, _d(4, 16), {CLIQUE_A: 72, CLIQUE_B: 72})
     assert "crosses racks" in got.message
     assert "decode (64 GPUs)" in got.message
     assert got.cliques == sorted([CLIQUE_A, CLIQUE_B])
@@ -89,14 +95,14 @@ def test_spread_message_says_the_handoff_crosses_racks() -> None:
 @pytest.mark.parametrize(
     ("topology", "demands", "satisfied", "reason", "kv", "selector"),
     [
-        ("HGX-B200", _d(2, 4, 8), True, "OneNodePerReplica", "RDMA", {L.GPU_PRODUCT: L.PRODUCT_B200}),
+        ("HGX-B200", _d(2, 4, 8), True, "OneNodePerReplica", "RDMA", HGX.node_selector()),
         (
             "HGX-B200",
             _d(2, 4, 8, tp_decode=4),
             False,
             "TensorParallelMismatch",
             "RDMA",
-            {L.GPU_PRODUCT: L.PRODUCT_B200},
+            HGX.node_selector(),
         ),
         (
             "HGX-B200",
@@ -104,7 +110,7 @@ def test_spread_message_says_the_handoff_crosses_racks() -> None:
             True,
             "OneNodePerReplica",
             "Local",
-            {L.GPU_PRODUCT: L.PRODUCT_B200},
+            HGX.node_selector(),
         ),
         ("Any", _d(1, 1, 1), True, "NoTopology", "Unknown", {}),
     ],
@@ -112,7 +118,7 @@ def test_spread_message_says_the_handoff_crosses_racks() -> None:
 def test_place_hgx_and_any(
     topology: str, demands: list[Demand], satisfied: bool, reason: str, kv: str, selector: dict[str, str]
 ) -> None:
-    got = place(topology, demands)
+    got = place(_hw(topology), demands)
     assert (got.satisfied, got.reason, got.kv_path, got.node_selector) == (satisfied, reason, kv, selector)
     assert set(got.pins.values()) == {None}
 
@@ -132,5 +138,5 @@ def test_place_hgx_and_any(
 )
 def test_unschedulable_reason(topology: str, gpus: int, problem: str | None) -> None:
     nodes = b200_nodes() + nvl72_nodes()
-    got = unschedulable_reason(nodes, topology, _d(1, 1, gpus))
+    got = unschedulable_reason(nodes, _hw(topology), _d(1, 1, gpus))
     assert got == problem if problem is None else (got or "").startswith(problem)

@@ -71,6 +71,54 @@ async def test_set_replicas_drift_is_corrected_and_edits_roll() -> None:
     assert kube.dd is not None
     kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.12.0"}
     writes = await _pass(kube)
+    assert "apply StatefulSet/llama-decode" in writes  # an engine upgrade rolls decode first
+    kube.settle()
+    assert "apply StatefulSet/llama-prefill" in await _pass(kube)
+
+
+def _engine_image(kube: FakeKube, role: str) -> str:
+    return str(kube.objects[("StatefulSet", f"llama-{role}")]["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def _progressing(kube: FakeKube) -> str:
+    assert kube.dd is not None
+    return str(next(c["reason"] for c in kube.dd["status"]["conditions"] if c["type"] == C.PROGRESSING))
+
+
+async def test_engine_upgrade_rolls_decode_first_and_prefill_waits() -> None:
+    kube = FakeKube(dict(SPEC), b200_nodes())
+    await _pass(kube)
+    kube.settle()
+    await _pass(kube)
+    assert kube.dd is not None
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.12.0"}
+    kube.dd["metadata"]["generation"] = 2
+    writes = await _pass(kube)
+    assert "apply StatefulSet/llama-decode" in writes
+    assert "apply StatefulSet/llama-prefill" not in writes
+    assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.12.0"
+    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.11.0"
+    assert _progressing(kube) == "EngineUpgradeDecodeFirst"
+    # decode is still replacing pods: prefill keeps waiting, however often we reconcile
+    decode = kube.objects[("StatefulSet", "llama-decode")]
+    decode["status"] = {**decode.get("status", {}), "updatedReplicas": 1, "updateRevision": "r2"}
+    assert "apply StatefulSet/llama-prefill" not in await _pass(kube)
+    kube.settle()  # every decode replica runs the new engine and is ready
+    assert "apply StatefulSet/llama-prefill" in await _pass(kube)
+    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.12.0"
+    kube.settle()
+    await _pass(kube)
+    assert _progressing(kube) == "Complete"
+
+
+async def test_resize_is_not_held_by_the_upgrade_rule() -> None:
+    kube = FakeKube(dict(SPEC), b200_nodes())
+    await _pass(kube)
+    kube.settle()
+    assert kube.dd is not None
+    kube.dd["spec"]["prefill"] = {"replicas": 3, "gpusPerReplica": 2}
+    kube.dd["spec"]["decode"] = {"replicas": 3, "gpusPerReplica": 2}
+    writes = await _pass(kube)
     assert {"apply StatefulSet/llama-prefill", "apply StatefulSet/llama-decode"} <= set(writes)
 
 

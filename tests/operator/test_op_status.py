@@ -38,6 +38,9 @@ def _observed(prefill: tuple[int, int], decode: tuple[int, int], router: tuple[i
     obs.children[("StatefulSet", "llama-decode")] = _sts("llama-decode", *decode)
     obs.children[("Deployment", "llama-router")] = _sts("llama-router", *router, kind="Deployment")
     obs.own_pods = [{"spec": {"nodeName": "b200-1"}}, {"spec": {"nodeName": "b200-0"}}, {"spec": {}}]
+    for m in desire(OWNER, spec(), obs, IMG, IMG).children:  # the pools run the templates they were given
+        if m["kind"] == "StatefulSet":
+            obs.children[("StatefulSet", m["metadata"]["name"])]["spec"]["template"] = m["spec"]["template"]
     return obs
 
 

@@ -60,7 +60,7 @@ def test_unknown_model_lists_valid_names() -> None:
 )
 def test_resolve_topology(name: str, gpu: str, domain: int) -> None:
     topo = resolve_topology(name)
-    assert (topo.gpu.name, topo.nvlink_domain_gpus) == (gpu, domain)
+    assert (topo.gpu.name, topo.domain_gpus) == (gpu, domain)
 
 
 def test_unknown_topology_and_gpu_list_valid_names() -> None:

@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import pytest
@@ -23,6 +24,7 @@ from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 from xpyd_router.proxy import ProxyConfig
+from xpyd_router.server import GuardedSite, make_runner
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 XPYD = str(Path(sys.executable).with_name("xpyd"))
@@ -33,6 +35,14 @@ def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+class WorkerLike(Protocol):
+    """An emulator or a stub: what the router is told about a worker."""
+
+    url: str
+    role: str
+    domain: str
 
 
 @dataclass
@@ -121,24 +131,28 @@ async def router() -> AsyncIterator[Callable[..., object]]:
     runners: list[web.AppRunner] = []
 
     async def start(
-        workers: list[Emulator],
+        workers: Sequence[WorkerLike],
         direct_below_blocks: int = 0,
         max_body_bytes: int = 1 << 20,
         scrape_interval: float = 0.2,
         engine: str = "vllm",
         bootstrap_port: int = 8998,
+        header_timeout: float = 15.0,
+        max_connections: int = 4096,
+        **config: Any,
     ) -> Router:
         pool = WorkerPool(KvAwarePolicy(KvAwareConfig(direct_below_blocks=direct_below_blocks)), 256)
-        pool.set_workers([WorkerSpec(e.url, e.role, e.domain) for e in workers])  # type: ignore[arg-type]
+        pool.set_workers([WorkerSpec(e.url, e.role, e.domain) for e in workers])  # type: ignore[arg-type]  # a Role
         metrics = RouterMetrics("test")
-        config = ProxyConfig(engine=engine, max_attempts=3, bootstrap_port=bootstrap_port)  # type: ignore[arg-type]
-        app = build_app(pool, metrics, config, scrape_interval, max_body_bytes=max_body_bytes)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        config.setdefault("max_attempts", 3)
+        proxy_config = ProxyConfig(engine=engine, bootstrap_port=bootstrap_port, **config)  # type: ignore[arg-type]
+        app = build_app(pool, metrics, proxy_config, scrape_interval, max_body_bytes=max_body_bytes)
+        runner = make_runner(app, header_timeout, shutdown_timeout=1.0)
         await runner.setup()
-        port = free_port("127.0.0.1")
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        site = GuardedSite(runner, "127.0.0.1", 0, max_connections)
+        await site.start()
         runners.append(runner)
-        return Router(f"http://127.0.0.1:{port}", pool, metrics)
+        return Router(f"http://127.0.0.1:{site.port}", pool, metrics)
 
     yield start
     for runner in runners:

@@ -1,12 +1,17 @@
-"""Command-line validation of `xpyd router`: clear errors, exit code 2."""
+"""Command-line validation of `xpyd router`: one line naming the problem and its fix, exit code 2."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from xpyd_router.cli import main
+from xpyd_router.cli import main, parser, static_workers
 
 U = "http://127.0.0.1:9"
+XPYD = str(Path(sys.executable).with_name("xpyd"))
 
 
 @pytest.mark.parametrize(
@@ -20,14 +25,76 @@ U = "http://127.0.0.1:9"
         (["--decode", U, "--block-chars", "100"], "multiple of 8"),
         (["--decode", U, "--max-attempts", "0"], "--max-attempts"),
         (["--decode", "localhost:1"], "worker URL must look like"),
+        (["--decode", "http://host"], "worker URL must look like"),
+        (["--decode", "https://host:8000"], "plain HTTP"),
+        (["--decode", "http://host:99999"], "worker URL must look like"),
+        (["--decode", "http://host:80/v1"], "worker URL must look like"),
+        (["--decode", U, "--policy", "magic"], "invalid choice: 'magic'"),
+        (["--decode", U, "--port", "abc"], "invalid int value: 'abc'"),
+        (["--decode", U, "--bogus"], "unrecognized arguments: --bogus"),
+        (["--decode", U, "--request-timeout", "0"], "--request-timeout must be a positive number"),
+        (["--decode", U, "--first-byte-timeout", "nan"], "--first-byte-timeout must be a positive number"),
+        (["--decode", U, "--header-timeout", "-1"], "--header-timeout must be a positive number"),
+        (["--decode", U, "--upstream-timeout", "inf"], "--first-byte-timeout must be a positive number"),
+        (["--decode", U, "--max-connections", "0"], "--max-connections must be at least 1"),
+        (["--decode", U, "--log-level", "chatty"], "--log-level must be"),
+        (["--decode", U, "--api-key-file", "/nonexistent/key"], "cannot read --api-key-file /nonexistent/key"),
+        (["--decode", U, "--kv-events-port", "5557"], "--kv-events-port needs --tokenizer"),
+        (["--decode", U, "--tokenizer", "emulator", "--kv-events-port", "70000"], "--kv-events-port must be 0-65535"),
+        (["--decode", U, "--block-size", "0"], "--block-size must be 1-1024 tokens"),
+        (["--decode", U, "--peers", U, "--peer-sync", "0"], "--peer-sync must be a positive number"),
+        (["--decode", U, "--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json"),
     ],
 )
 def test_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert err.startswith("xpyd router: ")
 
 
-def test_unknown_policy_rejected_by_argparse(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        main(["--decode", U, "--policy", "magic"])
-    assert "invalid choice" in capsys.readouterr().err
+def test_empty_api_key_env_is_refused(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XPYD_ROUTER_API_KEY", "  ")
+    assert main(["--decode", U]) == 2
+    assert "XPYD_ROUTER_API_KEY is empty" in capsys.readouterr().err
+
+
+def test_safe_defaults() -> None:
+    args = parser().parse_args(["--decode", U])
+    assert args.host == "127.0.0.1"
+    assert (args.connect_timeout, args.first_byte_timeout, args.idle_timeout) == (5.0, 120.0, 30.0)
+    assert (args.request_timeout, args.header_timeout, args.body_timeout) == (600.0, 15.0, 30.0)
+    assert args.max_connections == 4096
+    assert args.api_key_file is None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--decode", U, "--port", "x"], "invalid int value"),
+        (["--decode", U, "--host", "256.0.0.1", "--port", "1"], "cannot listen on 256.0.0.1:1"),
+    ],
+)
+def test_the_installed_command_prints_one_line(argv: list[str], message: str) -> None:
+    done = subprocess.run([XPYD, "router", *argv], capture_output=True, text=True, timeout=50, check=False)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "events", "replay"),
+    [
+        ([], "", ""),
+        (["--kv-events-port", "5557"], "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5657"),
+        (["--kv-events-port", "7000", "--kv-replay-port", "7001"], "tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"),
+        (["--kv-events-port", "5557", "--kv-replay-port", "0"], "tcp://127.0.0.1:5557", ""),
+    ],
+)
+def test_static_workers_subscribe_to_kv_events_on_their_own_host(flags: list[str], events: str, replay: str) -> None:
+    args = parser().parse_args(["--worker", U, "--tokenizer", "emulator", *flags])
+    [spec] = static_workers(args)
+    assert (spec.kv_events, spec.kv_replay) == (events, replay)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,12 +20,14 @@ StartRouter = Callable[..., Any]
 @pytest.fixture(scope="module")
 def shared() -> Iterator[list[Emulator]]:
     fleet = Fleet()
-    prefill = [fleet.start("prefill", "node-a"), fleet.start("prefill", "node-b")]
-    decode = [fleet.start("decode", "node-a"), fleet.start("decode", "node-c")]
-    fleet.wait_ready()
-    yield prefill + decode
-    for e in fleet.members:
-        e.kill()
+    try:
+        prefill = [fleet.start("prefill", "node-a"), fleet.start("prefill", "node-b")]
+        decode = [fleet.start("decode", "node-a"), fleet.start("decode", "node-c")]
+        fleet.wait_ready()
+        yield prefill + decode
+    finally:
+        for e in fleet.members:
+            e.kill()
 
 
 async def post(url: str, body: dict[str, Any], path: str = "/v1/completions") -> tuple[int, Any]:
@@ -80,6 +83,33 @@ async def test_short_prompt_skips_prefill(shared: list[Emulator], router: StartR
     assert r.sample("xpyd_router_decisions_total", role="decode", reason="short-prompt") == 1
     assert r.sample("xpyd_router_hop_latency_seconds_count", hop="prefill") == 0
     assert r.sample("xpyd_router_hop_latency_seconds_count", hop="direct") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_one_hop_prompt_work_counts_until_done(shared: list[Emulator], router: StartRouter, stream: bool) -> None:
+    workers = [Emulator(e.url, e.proc, "worker") for e in shared[2:]]
+    r: Router = await router(workers)
+    begun: list[int] = []
+    prefilled: list[int] = []
+    begin, done = r.pool.begin, r.pool.prefilled
+
+    def count_begin(name: str, blocks: int = 0) -> None:
+        begun.append(blocks)
+        begin(name, blocks)
+
+    def count_prefilled(name: str, blocks: int) -> None:
+        prefilled.append(blocks)
+        done(name, blocks)
+
+    r.pool.begin = count_begin
+    r.pool.prefilled = count_prefilled
+    body = {"model": MODEL, "prompt": LONG * 3, "max_tokens": 4, "stream": stream}
+    async with aiohttp.ClientSession() as s, s.post(r.url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        await resp.read()
+    assert begun and begun[0] > 0  # the uncached prompt blocks count as the worker's in-flight work
+    assert prefilled == (begun[:1] if stream else [])  # released at the first token when it streams
+    assert all(w.inflight == 0 and w.inflight_blocks == 0 for w in r.pool.workers.values())
 
 
 async def test_colocated_workers_are_routed_in_one_hop(shared: list[Emulator], router: StartRouter) -> None:
@@ -220,3 +250,24 @@ async def test_models_health_and_metrics(shared: list[Emulator], router: StartRo
             text = await resp.text()
     assert 'xpyd_router_workers{deployment="test",role="decode",state="ready"} 2.0' in text
     assert r.pool.workers[shared[0].url].capacity_blocks > 0  # sized from vllm:cache_config_info
+
+
+async def test_a_frozen_decode_worker_ends_the_stream_instead_of_hanging(fleet: Fleet, router: StartRouter) -> None:
+    """SIGSTOP mid-stream: the idle timeout turns the silence into an SSE error event, then [DONE]."""
+    frozen = fleet.start("worker", delay=True, speedup=0.2)
+    fleet.wait_ready()
+    r: Router = await router([frozen], scrape_interval=60, idle_timeout=0.5)
+    body = {"model": MODEL, "prompt": LONG, "max_tokens": 4000, "stream": True}
+    events: list[bytes] = []
+    start = 0.0
+    async with aiohttp.ClientSession() as s, s.post(r.url + "/v1/completions", json=body) as resp:
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                events.append(line.strip())
+                if len(events) == 2:
+                    frozen.proc.send_signal(signal.SIGSTOP)
+                    start = asyncio.get_running_loop().time()
+    assert asyncio.get_running_loop().time() - start < 5
+    assert orjson.loads(events[-2][6:])["error"]["type"] == "upstream_error"
+    assert events[-1] == b"data: [DONE]"
+    assert not r.pool.workers[frozen.url].healthy

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from xpyd_router.hashing import weight
 from xpyd_router.policies import (
     POLICIES,
     KvAwareConfig,
@@ -42,31 +43,38 @@ class Case:
     blocks: list[int] = field(default_factory=lambda: BLOCKS)
 
 
+FOUR = ["a", "b", "c", "d"]
+
+
+def pool(**loads: dict[str, float]) -> list[WorkerState]:
+    return [w(name, "prefill", "", **loads.get(name, {})) for name in FOUR]
+
+
 PREFILL_CASES = [
     Case("cache hit wins among equals", [w("a"), w("b"), w("c")], {"b": 30}, "b", "prefix"),
     Case("longest hit wins", [w("a"), w("b")], {"a": 10, "b": 30}, "b", "prefix"),
     Case(
-        "busy cached worker loses to idle cold one when its queue outweighs the hit",
-        [w("a", inflight=3, inflight_blocks=400), w("b")], {"a": 30}, "b", "load",
+        "a prefix only one worker holds stays there within stick_factor x mean load",
+        pool(a={"running": 2}), {"a": 30}, "a", "prefix",
     ),
     Case(
-        "a hit outweighs a short in-flight queue (queued work counts at inflight_share)",
-        [w("a", inflight=1, inflight_blocks=200), w("b")], {"a": 30}, "a", "prefix",
+        "and spills once that worker is far busier than the pool",
+        pool(a={"running": 8}), {"a": 30}, {"b", "c", "d"}, "spill",
     ),
     Case(
-        "hot-spot guard: a hit never wins on a far more loaded worker",
-        [w("a", running=8), w("b")], {"a": 400}, "b", "hotspot-guard", list(range(400)),
+        "the same load moves a prefix too short to stick (the tighter load_factor bound applies)",
+        pool(a={"running": 2}), {"a": 8}, {"b", "c", "d"}, "spill",
     ),
     Case(
-        "the same long hit wins when the load is moderate",
-        [w("a", running=3), w("b")], {"a": 400}, "a", "prefix", list(range(400)),
+        "in-flight prompt work bounds a worker too",
+        pool(a={"inflight": 1, "inflight_blocks": 400}), {"a": 30}, {"b", "c", "d"}, "spill",
     ),
     Case(
-        "moderate load does not trip the guard",
-        [w("a", running=2), w("b")], {"a": 40}, "a", "prefix",
+        "other replicas' in-flight work counts like this replica's own",
+        pool(a={"peer_inflight": 1, "peer_blocks": 400}), {"a": 30}, {"b", "c", "d"}, "spill",
     ),
-    Case("cold prompt: ties go to rendezvous", [w("a"), w("b"), w("c")], {}, {"a", "b", "c"}, "affinity"),
-    Case("cold prompt: least queued wins", [w("a", waiting=2), w("b")], {}, "b", "load"),
+    Case("moderate load does not move a held prefix", [w("a", running=2), w("b")], {"a": 40}, "a", "prefix"),
+    Case("cold prompt: a rendezvous home", [w("a"), w("b"), w("c")], {}, {"a", "b", "c"}, "affinity"),
     Case("single worker", [w("a", waiting=50)], {}, "a", "load"),
 ]  # fmt: skip
 
@@ -79,6 +87,24 @@ def test_kv_aware_prefill(case: Case) -> None:
     assert decision.worker in ({case.want} if isinstance(case.want, str) else case.want)
     assert decision.reason == case.reason
     assert decision.matched_blocks == case.cached.get(decision.worker, 0)
+
+
+@pytest.mark.parametrize("key", range(6))
+def test_a_busy_home_spills_to_the_next_worker_in_rendezvous_order(key: int) -> None:
+    names = [f"http://127.0.0.1:{8100 + i}" for i in range(5)]
+    order = sorted(names, key=lambda n: weight(key, n), reverse=True)
+    workers = [w(n, running=9.0 if n == order[0] else 0.0) for n in names]
+    decision = KvAwarePolicy().choose_prefill(RouteRequest(BLOCKS, key=key), workers, PrefixIndex())
+    assert (decision.worker, decision.reason) == (order[1], "spill")  # the same second home on every replica
+    idle = KvAwarePolicy().choose_prefill(RouteRequest(BLOCKS, key=key), [w(n) for n in names], PrefixIndex())
+    assert (idle.worker, idle.reason) == (order[0], "affinity")
+
+
+def test_every_worker_over_its_bound_goes_to_the_least_loaded() -> None:
+    long = list(range(1000, 3000))  # a cold prompt larger than the work bound allows anywhere
+    workers = [w("a", running=3), w("b", running=1), w("c", running=2)]
+    decision = KvAwarePolicy().choose_prefill(RouteRequest(long, key=7), workers, PrefixIndex())
+    assert (decision.worker, decision.reason) == ("b", "load")
 
 
 def test_replicas_agree_without_shared_state() -> None:
@@ -186,29 +212,54 @@ def test_least_loaded_picks_least_load() -> None:
     assert decision.worker == "b"
 
 
+def rev(name: str, role: str, engine: str, **load: float) -> WorkerState:
+    worker = w(name, role, "", **load)
+    worker.rev = engine
+    return worker
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize(
-    ("workers", "cached", "want"),
+    ("prefill", "decode", "want_prefill", "want_decode"),
     [
-        ([w("a"), w("b")], {"a": 40}, "a"),  # prefix 3 beats nothing
-        ([w("a", waiting=10), w("b")], {"a": 40}, "a"),  # 3 + 0 + 2 = 5 > 0 + 2 + 2 = 4
-        ([w("a", waiting=10, kv_usage=0.9), w("b")], {"a": 40}, "b"),  # 3.2 < 4
-        ([w("a", waiting=10), w("b")], {"a": 10}, "b"),  # 0.75 + 2 < 4
+        # mid-upgrade: decode already on v2 for d2; the v1 prefill pairs only with the v1 decode
+        ([("p1", "v1")], [("d1", "v1"), ("d2", "v2")], {"p1"}, {"d1"}),
+        # prefill p2 (v2) pairs with d2 (v2) only; p1 (v1) with d1
+        ([("p2", "v2")], [("d1", "v1"), ("d2", "v2")], {"p2"}, {"d2"}),
+        # no decode of the prefill's engine: one hop straight to decode, no cross-version handoff
+        ([("p1", "v1")], [("d2", "v2")], None, {"d2"}),
+        # unknown revisions (static URLs) pair with anything
+        ([("p1", "")], [("d1", "v1")], {"p1"}, {"d1"}),
     ],
 )
-def test_llm_d_weighted_scores(workers: list[WorkerState], cached: dict[str, int], want: str) -> None:
-    decision = make_policy("llm-d").choose_prefill(RouteRequest(BLOCKS, 0), workers, index_with(BLOCKS, **cached))
-    assert decision.worker == want
+def test_kv_moves_only_between_workers_of_one_engine_revision(
+    name: str,
+    prefill: list[tuple[str, str]],
+    decode: list[tuple[str, str]],
+    want_prefill: set[str] | None,
+    want_decode: set[str],
+) -> None:
+    policy = KvAwarePolicy(KvAwareConfig(direct_below_blocks=0)) if name == "kv-aware" else make_policy(name)
+    for key in range(8):
+        plan = policy.plan(
+            RouteRequest(BLOCKS, key=key),
+            [rev(n, "prefill", r) for n, r in prefill],
+            [rev(n, "decode", r, running=float(i)) for i, (n, r) in enumerate(decode)],
+            PrefixIndex(),
+        )
+        chosen = plan.prefill.worker if plan.prefill else None
+        assert chosen in want_prefill if want_prefill is not None else chosen is None
+        assert plan.decode.worker in want_decode
 
 
 @pytest.mark.parametrize(
-    ("workers", "cached", "want", "reason"),
-    [
-        ([w("a"), w("b")], {"a": 20, "b": 5}, "a", "sglang-cache"),
-        ([w("a"), w("b")], {"a": 10, "b": 5}, "b", "sglang-smallest-tree"),  # 25% <= 30%: smaller tree
-        ([w("a", inflight=100), w("b", inflight=10)], {"a": 40}, "b", "sglang-balance"),
-        ([w("a", inflight=60), w("b", inflight=10)], {"a": 40}, "a", "sglang-cache"),  # 50 <= 64: no balance
-    ],
+    ("tokens_per_block", "stick", "work", "recent", "direct"),
+    [(64, 16, 64.0, 256, 8), (16, 64, 256.0, 1024, 32), (512, 2, 8.0, 32, 1)],
 )
-def test_sglang_cache_aware(workers: list[WorkerState], cached: dict[str, int], want: str, reason: str) -> None:
-    decision = make_policy("sglang").choose_prefill(RouteRequest(BLOCKS, 0), workers, index_with(BLOCKS, **cached))
-    assert (decision.worker, decision.reason) == (want, reason)
+def test_block_counts_follow_the_block_size(
+    tokens_per_block: int, stick: int, work: float, recent: int, direct: int
+) -> None:
+    cfg = KvAwareConfig().for_blocks(tokens_per_block)
+    got = (cfg.stick_blocks, cfg.work_slack, cfg.recent_blocks, cfg.direct_below_blocks)
+    assert got == (stick, work, recent, direct)
+    assert KvAwareConfig(direct_below_blocks=0).for_blocks(16).direct_below_blocks == 0  # never stays never

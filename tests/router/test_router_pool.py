@@ -9,7 +9,7 @@ from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg
 from xpyd_router.scrape import WorkerMetrics
 
-P1, P2, D1 = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
+P1, P2, D1, P3 = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"
 REQ = RouteRequest(list(range(50)), key=1)
 
 
@@ -42,7 +42,7 @@ def test_a_worker_coming_back_is_undrained() -> None:
 
 def test_failed_worker_is_skipped_until_metrics_answer() -> None:
     p = pool()
-    p.mark_failed(P1)
+    p.mark_down(P1)
     assert p.route(REQ).prefill.worker == P2  # type: ignore[union-attr]
     p.apply_metrics(P1, WorkerMetrics(waiting=0, running=0, kv_usage=0.1, block_size=16, num_gpu_blocks=64))
     assert p.workers[P1].healthy
@@ -69,7 +69,54 @@ def test_parse_worker_arg(raw: str, spec: WorkerSpec) -> None:
     assert parse_worker_arg(raw, "decode") == spec
 
 
-@pytest.mark.parametrize("raw", ["127.0.0.1:8100", "http://", "ftp://x"])
+@pytest.mark.parametrize("raw", ["127.0.0.1:8100", "http://", "ftp://x", "http://h", "http://h:0x1", "http://h:1/p"])
 def test_bad_worker_arg_is_named(raw: str) -> None:
     with pytest.raises(ValueError, match="worker URL must look like"):
         parse_worker_arg(raw, "decode")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_failed_request_is_counted_not_acted_on() -> None:
+    p = pool()
+    p.breaker_failures = 3
+    assert not p.request_failed(P1)
+    assert not p.request_failed(P1)
+    p.request_ok(P1)  # a success in between: the count starts again
+    assert not p.request_failed(P1)
+    assert not p.request_failed(P1)
+    assert p.workers[P1].healthy
+    assert p.request_failed(P1)  # the third in a row trips the breaker
+    assert not p.workers[P1].healthy
+
+
+def test_a_tripped_breaker_holds_the_worker_out_until_its_hold_ends() -> None:
+    p = pool()
+    clock = p.clock = Clock()
+    p.breaker_failures, p.breaker_hold = 1, 10.0
+    assert p.request_failed(P1)
+    p.apply_metrics(P1, WorkerMetrics())
+    assert not p.workers[P1].healthy  # probes pass, but the hold is on
+    assert p.held(P1)
+    clock.now += 10.5
+    p.apply_metrics(P1, WorkerMetrics())
+    assert p.workers[P1].healthy
+    assert p.workers[P1].failures == 0
+
+
+def test_new_workers_wait_for_their_probe_when_the_service_asks() -> None:
+    p = pool()
+    probed: list[str] = []
+    p.on_added = probed.append
+    p.set_workers(
+        [WorkerSpec(P1, "prefill"), WorkerSpec(P2, "prefill"), WorkerSpec(D1, "decode"), WorkerSpec(P3, "decode")]
+    )
+    assert probed == [P3]  # only the new one
+    assert not p.workers[P3].healthy
+    assert p.workers[P1].healthy

@@ -122,7 +122,7 @@ async def test_a_silent_worker_fails_the_hop_after_the_read_timeout(answer_heade
 
     port = free_port("127.0.0.1")
     server = await asyncio.start_server(silent, "127.0.0.1", port)
-    client = Upstream(read_timeout=0.3)
+    client = Upstream(first_byte_timeout=0.3, idle_timeout=0.3)
     try:
         with pytest.raises(UpstreamError, match=r"0\.3s"):
             await call(client, f"http://127.0.0.1:{port}")
@@ -131,3 +131,96 @@ async def test_a_silent_worker_fails_the_hop_after_the_read_timeout(answer_heade
         client.close()
         server.close()
         await server.wait_closed()
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Scripted:
+    """A worker that writes each piece after its pause, then holds the connection open."""
+
+    def __init__(self, script: list[tuple[float, bytes]]) -> None:
+        self.script = script
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.play, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def play(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            for pause, data in self.script:
+                await asyncio.sleep(pause)
+                writer.write(data)
+            await reader.read()
+        finally:
+            writer.close()
+            self.tasks.discard(task)
+
+
+@pytest.mark.parametrize(
+    ("script", "first_byte", "error"),
+    [
+        # a steady trickle inside the idle budget never trips it, however long it lasts
+        ([(0, CHUNKED)] + [(0.1, chunk(b"x"))] * 8 + [(0.1, b"0\r\n\r\n")], True, None),
+        # a stall after the first chunk: the idle budget, not the (longer) first-byte one
+        ([(0, CHUNKED + chunk(b"x"))], True, "no data from .* within 0.3s"),
+        # headers alone are no first byte
+        ([(0, CHUNKED)], True, "no first byte from .* within 0.6s"),
+        # a non-streamed reply may be silent past the first-byte budget (the request deadline bounds it)
+        ([(0.8, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")], False, None),
+        ([(0.8, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")], True, "no first byte"),
+    ],
+)
+async def test_the_watchdog(script: list[tuple[float, bytes]], first_byte: bool, error: str | None) -> None:
+    client = Upstream(first_byte_timeout=0.6, idle_timeout=0.3)
+    async with Scripted(script) as url:
+        try:
+            if error is None:
+                resp = await client.post(url, "/x", b"{}", first_byte=first_byte)
+                assert await resp.read() in (b"x" * 8, b"{}")
+                resp.close()
+            else:
+                with pytest.raises(UpstreamError, match=error) as info:
+                    await read_all(client, url, first_byte)
+                assert info.value.worker_down
+        finally:
+            client.close()
+
+
+async def read_all(client: Upstream, url: str, first_byte: bool) -> bytes:
+    resp = await client.post(url, "/x", b"{}", first_byte=first_byte)
+    try:
+        return await resp.read()
+    finally:
+        resp.close()
+
+
+async def test_an_oversized_reply_is_refused_as_a_bad_answer() -> None:
+    client = Upstream()
+    async with Scripted([(0, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100)]) as url:
+        try:
+            resp = await client.post(url, "/x", b"{}")
+            with pytest.raises(UpstreamError, match="larger than 10 bytes") as info:
+                await resp.read(limit=10)
+            assert not info.value.worker_down
+            resp.close()
+        finally:
+            client.close()

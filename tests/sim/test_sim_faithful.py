@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
@@ -40,46 +36,9 @@ spec:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _emulate(model: str, *extra: str, domain: str = "") -> Iterator[str]:
-    """One emulated B200 vLLM worker at real speed, bound to loopback; yields its base URL."""
-    port = _free_port()
-    env = {**os.environ, "XPYD_BIND_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(_free_port())}
-    if domain:
-        env |= {"XPYD_NVLINK_DOMAIN": domain, "XPYD_NODE_NAME": domain}
-    cmd = [sys.executable, "-m", "xpyd_cli.main", "emulate", "--gpu", "B200", "--speedup", "1", "--",
-           "vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                pytest.fail(f"emulator did not come up: {err[-2000:]}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if proc.stderr:
-            proc.stderr.close()
-
-
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    with _emulate(BIG) as url:
+def emulator(emulate: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
+    with emulate(BIG) as url:
         yield url
 
 
@@ -153,11 +112,13 @@ spec:
 """
 
 
-def test_two_hop_ttft_matches_emulated_prefill_decode_pair(tmp_path: Path) -> None:
+def test_two_hop_ttft_matches_emulated_prefill_decode_pair(
+    tmp_path: Path, emulate: Callable[..., AbstractContextManager[str]]
+) -> None:
     """Prefill on one HGX node, KV over 8 NICs to a decode worker on another, first token there."""
     model, prompt = "meta-llama/Llama-3.1-70B-Instruct", 30_000
     kv = ["--tensor-parallel-size", "8", "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
-    with _emulate(model, *kv, domain="node-a") as p_url, _emulate(model, *kv, domain="node-b") as d_url:
+    with emulate(model, *kv, domain="node-a") as p_url, emulate(model, *kv, domain="node-b") as d_url:
 
         async def two_hops() -> float:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -238,7 +199,7 @@ def test_break_even_verdicts_match_xpyd_plan(model: str, topology: str, prompt: 
     spec, topo = resolve_model(model), resolve_topology(topology)
     gpus = 8
     perf = PoolPerf(spec, topo.gpu, gpus, gpus)
-    src, dst = ("node-0", "node-1") if topo.nvlink_domain_gpus <= topo.gpus_per_node else ("clique-0", "clique-0")
+    src, dst = ("node-0", "node-1") if topo.nvlink_domain == "node" else ("clique-0", "clique-0")
     transfer, _, _ = Links(topo).handoff(prompt, perf, perf, src, dst)
     stall = _measured_stall(perf, prompt)
     plan = break_even(model, topology, prompt, gpus)

@@ -12,7 +12,7 @@ from xpyd_sim import trace
 from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.report import build
 from xpyd_sim.request import SimRequest
-from xpyd_sim.runner import AUTOSCALERS, ROUTERS, colocated
+from xpyd_sim.runner import autoscalers, colocated, routers
 
 VOLATILE = {"wall_s", "cpu_s", "events_per_s", "peak_rss_mb", "label"}
 
@@ -37,7 +37,7 @@ def _check_causality(reqs: list[SimRequest]) -> None:
             assert r.first_token > r.prefill_end  # the KV had to move first
 
 
-@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("router", routers())
 def test_every_request_accounted_for_each_router(spec_file: Path, mooncake_file: Path, router: str) -> None:
     spec = specs.load(spec_file)
     load = list(trace.load(mooncake_file))
@@ -51,7 +51,7 @@ def test_every_request_accounted_for_each_router(spec_file: Path, mooncake_file:
     assert out["handoffs_rdma"] + out["handoffs_nvlink"] + out["direct_requests"] == len(load)
 
 
-@pytest.mark.parametrize("scaler", AUTOSCALERS)
+@pytest.mark.parametrize("scaler", autoscalers())
 def test_autoscalers_account_and_move_replicas(spec_file: Path, scaler: str) -> None:
     spec = specs.load(spec_file)
     load = list(trace.synthetic(trace.Synthetic(rate=40, duration=240, prompt_mean=6000, output_mean=300, seed=3)))

@@ -60,3 +60,10 @@ app.kubernetes.io/part-of: xpyd
 {{- define "xpyd.hasPrometheusOperator" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}true{{- end -}}
 {{- end -}}
+
+{{/* True (non-empty) when a monitor renders: enabled true, or "auto" on a cluster with the
+Prometheus Operator's API. Call with (dict "enabled" <value> "root" $). */}}
+{{- define "xpyd.monitorOn" -}}
+{{- $enabled := toString .enabled -}}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (include "xpyd.hasPrometheusOperator" .root)) -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,112 @@
+"""CPU cost of keying prompts by engine tokens and of applying engine KV events, per 4k-token prompt.
+
+`python bench/router/kv_cost.py` prints microseconds per operation: the router's request keys
+(byte blocks, the emulator's tokens, a Hugging Face BPE tokenizer trained here on the standard
+library's sources, so nothing is downloaded), decoding and applying one BlockStored of 256
+blocks and 256 BlockRemoved, and the emulator's own tokenizing and block hashing.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from xpyd_emulator.kv_publisher import KVEventBatch, to_wire
+from xpyd_emulator.tokens import block_hashes_text, token_ids
+from xpyd_router.block_keys import RequestKeys, token_block_keys
+from xpyd_router.engine_tokens import EmulatorTokenizer, HfTokenizer
+from xpyd_router.engine_view import EngineView
+from xpyd_router.hashing import block_hashes
+from xpyd_router.kv_wire import decode_batch
+from xpyd_router.prefix_index import PrefixIndex
+
+WORDS = "the quick brown fox jumps over a lazy dog while routers count cached prefix blocks".split()  # noqa: SIM905
+PROMPT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(3000))[:16_384]  # 16k characters: 4k emulator tokens
+
+
+def per_call(fn: Callable[[], object], seconds: float = 0.5) -> float:
+    """Microseconds per call, best of 3 runs of about `seconds` each."""
+    fn()
+    calls = max(1, int(seconds / max(1e-7, _once(fn))))
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def _once(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def hf_tokenizer(path: Path) -> HfTokenizer:
+    """A 32k-token byte-level BPE trained on this Python's standard library (about what a model's costs)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if not path.exists():
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        files = sorted(str(p) for p in Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]
+        tok.train(files, trainers.BpeTrainer(vocab_size=32_000, show_progress=False))
+        tok.save(str(path))
+    return HfTokenizer(str(path))
+
+
+def main() -> None:
+    emu = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
+    rows: list[tuple[str, float]] = [
+        ("router keys, byte blocks (no tokenizer)", per_call(lambda: block_hashes(PROMPT, 256))),
+        ("router keys, emulator tokens (tokenize + key)", per_call(lambda: emu(PROMPT))),
+        ("  of which tokenize", per_call(lambda: EmulatorTokenizer().encode(PROMPT))),
+    ]
+    hf = hf_tokenizer(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.gettempdir()) / "xpyd-bpe-32k.json")
+    ids = hf.encode(PROMPT)
+    rows.append(
+        (
+            f"router keys, HF BPE tokenizer ({len(ids)} tokens)",
+            per_call(lambda: token_block_keys(hf.encode(PROMPT), 16)),
+        )
+    )
+    rows.append(("  of which tokenize", per_call(lambda: hf.encode(PROMPT))))
+    stored = [("stored", block_hashes_text(PROMPT, 16), None, token_ids(PROMPT))]
+    removed = [("removed", [h]) for h in block_hashes_text(PROMPT, 16)]
+    stored_payload = msgspec.msgpack.encode(KVEventBatch(0.0, to_wire(stored, 16, False), 0))
+    removed_payload = msgspec.msgpack.encode(KVEventBatch(0.0, to_wire(removed, 16, False), 0))
+
+    def apply_both() -> None:
+        view = EngineView("w", PrefixIndex(), 16)
+        view.apply(decode_batch(stored_payload))
+        view.apply(decode_batch(removed_payload))
+
+    rows.append(
+        (
+            f"decode BlockStored, 256 blocks ({len(stored_payload)} bytes)",
+            per_call(lambda: decode_batch(stored_payload)),
+        )
+    )
+    rows.append(("decode + apply BlockStored and 256 BlockRemoved", per_call(apply_both)))
+    rows.append(("emulator: tokenize + hash blocks", per_call(lambda: block_hashes_text(PROMPT, 16))))
+    rows.append(
+        (
+            "emulator: encode one batch (BlockStored, 256 blocks)",
+            per_call(lambda: msgspec.msgpack.encode(KVEventBatch(0.0, to_wire(stored, 16, False), 0))),
+        )
+    )
+    print(f"prompt: {len(PROMPT)} characters, {len(token_ids(PROMPT))} emulator tokens")
+    for name, micros in rows:
+        print(f"{micros:10.1f} us  {name}")
+
+
+if __name__ == "__main__":
+    main()

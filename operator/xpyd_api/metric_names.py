@@ -1,0 +1,63 @@
+"""Every Prometheus metric name xpyd reads or writes, so exporters and consumers cannot drift apart.
+
+The worker's names are vLLM's (DESIGN.md section 6): the router scrapes them, the autoscaler queries
+them through Prometheus, the dashboards plot them and the emulator exports them. xpyd's own names
+(`xpyd_` prefix) are exported by the router, the operator's autoscaler and the emulator, and read
+by the dashboards. Counters carry their `_total` suffix as exposed; histograms are named without
+`_bucket`. `tests/dashboards/test_metric_contract.py` scrapes the real exporters for each of them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- the labels Prometheus gives every scraped worker and router series (the scrape config's relabeling:
+# namespace and pod from the target, the pod labels xpyd.io/deployment and xpyd.io/role renamed) ---
+NAMESPACE_LABEL: Final = "namespace"
+POD_LABEL: Final = "pod"
+POD_DEPLOYMENT: Final = "xpyd_deployment"
+POD_ROLE: Final = "xpyd_role"
+
+# --- vLLM worker metrics ---
+WAITING: Final = "vllm:num_requests_waiting"
+RUNNING: Final = "vllm:num_requests_running"
+KV_USAGE: Final = "vllm:kv_cache_usage_perc"  # 0-1
+KV_USAGE_OLD: Final = "vllm:gpu_cache_usage_perc"  # older vLLM name of the same gauge
+CACHE_CONFIG: Final = "vllm:cache_config_info"  # labels block_size, num_gpu_blocks
+PREFIX_QUERIES: Final = "vllm:prefix_cache_queries_total"  # tokens
+PREFIX_HITS: Final = "vllm:prefix_cache_hits_total"  # tokens
+PROMPT_TOKENS: Final = "vllm:prompt_tokens_total"
+GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+PREEMPTIONS: Final = "vllm:num_preemptions_total"
+REQUEST_SUCCESS: Final = "vllm:request_success_total"  # label finished_reason
+TTFT: Final = "vllm:time_to_first_token_seconds"  # histogram
+ITL: Final = "vllm:inter_token_latency_seconds"  # histogram
+E2E: Final = "vllm:e2e_request_latency_seconds"  # histogram
+QUEUE_TIME: Final = "vllm:request_queue_time_seconds"  # histogram
+
+# --- SGLang's names for the same gauges (the router's scraper reads both engines) ---
+SGL_WAITING: Final = "sglang:num_queue_reqs"
+SGL_RUNNING: Final = "sglang:num_running_reqs"
+SGL_USAGE: Final = "sglang:token_usage"
+
+# --- the router's own (label deployment) ---
+ROUTER_REQUESTS: Final = "xpyd_router_requests_total"
+ROUTER_HOP_LATENCY: Final = "xpyd_router_hop_latency_seconds"  # histogram
+ROUTER_DECISIONS: Final = "xpyd_router_decisions_total"
+ROUTER_PROMPT_BLOCKS: Final = "xpyd_router_prompt_blocks_total"
+ROUTER_PREFIX_HIT_RATIO: Final = "xpyd_router_prefix_hit_ratio"
+ROUTER_KV_HANDOFFS: Final = "xpyd_router_kv_handoffs_total"
+ROUTER_ERRORS: Final = "xpyd_router_errors_total"
+ROUTER_RETRIES: Final = "xpyd_router_retries_total"
+ROUTER_WORKERS: Final = "xpyd_router_workers"
+ROUTER_INFLIGHT: Final = "xpyd_router_inflight_requests"
+
+# --- the operator's autoscaler (labels namespace, deployment, role) ---
+AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"
+AUTOSCALER_ACTUAL: Final = "xpyd_autoscaler_actual_replicas"
+AUTOSCALER_REASON: Final = "xpyd_autoscaler_decision_reason"  # 1 for the last decision's reason
+AUTOSCALER_HEALTHY: Final = "xpyd_autoscaler_healthy"
+AUTOSCALER_SCALE_EVENTS: Final = "xpyd_autoscaler_scale_events_total"
+
+# --- the worker emulator's own ---
+EMULATOR_PREFIX_INDEX_BLOCKS: Final = "xpyd_emulator_prefix_index_blocks"

@@ -1,0 +1,84 @@
+"""Engine upgrades in a safe order: decode rolls first, prefill waits, so no KV handoff crosses versions.
+
+A prefill worker hands its KV cache to a decode worker, so the two ends must run engines that
+agree on the connector's wire format. The router only pairs workers of the same engine revision
+(the pod label `xpyd.io/engine-rev`); the operator keeps mixed pairs rare by rolling one pool at
+a time: while the decode StatefulSet is still replacing pods, a changed prefill template is held
+back (the old prefill keeps serving with the old decode pods), and is applied once every decode
+replica runs the new revision and is ready. Pure functions of the manifests; the reconciler calls them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from xpyd_api import labels as L
+
+FIRST, THEN = "decode", "prefill"  # the order pools take a new engine revision
+
+
+def engine_rev(image: str, connector: str | None) -> str:
+    """A short label-safe revision of what must match across a KV handoff: the engine image and connector."""
+    return hashlib.sha256(f"{image}|{connector or ''}".encode()).hexdigest()[:10]
+
+
+def _template_rev(sts: dict[str, Any] | None) -> str | None:
+    if sts is None:
+        return None
+    meta = sts.get("spec", {}).get("template", {}).get("metadata", {})
+    rev = (meta.get("labels") or {}).get(L.ENGINE_REV)
+    return str(rev) if rev is not None else None
+
+
+def rolled_out(sts: dict[str, Any] | None, rev: str | None) -> bool:
+    """Every replica of the observed StatefulSet runs template revision `rev` and is ready."""
+    if sts is None or _template_rev(sts) != rev:
+        return False
+    status, want = sts.get("status", {}), sts.get("spec", {}).get("replicas") or 0
+    caught_up = status.get("observedGeneration") == sts.get("metadata", {}).get("generation")
+    same_revision = status.get("currentRevision") == status.get("updateRevision")
+    return bool(
+        caught_up
+        and same_revision
+        and (status.get("updatedReplicas") or 0) >= want
+        and (status.get("readyReplicas") or 0) >= want
+    )
+
+
+def held_back(
+    desired: dict[tuple[str, str], dict[str, Any]],
+    observed: dict[tuple[str, str], dict[str, Any]],
+    first: str,
+    then: str,
+) -> bool:
+    """Whether the `then` StatefulSet's new engine revision must wait for `first` to finish rolling.
+
+    `first` and `then` are the StatefulSet names of the decode and prefill pools.
+    """
+    want_then = desired.get(("StatefulSet", then))
+    have_then = observed.get(("StatefulSet", then))
+    if want_then is None or have_then is None:
+        return False  # a new pool has nothing to stay compatible with
+    new_rev = _template_rev(want_then)
+    if new_rev == _template_rev(have_then):
+        return False  # not an engine change (a resize or another edit): apply as usual
+    want_first = desired.get(("StatefulSet", first))
+    if want_first is None:
+        return False
+    return not rolled_out(observed.get(("StatefulSet", first)), _template_rev(want_first))
+
+
+def serving_revisions(pods: list[dict[str, Any]], role: str) -> dict[str, int]:
+    """Engine image -> ready pods of one pool: which versions serve right now."""
+    out: dict[str, int] = {}
+    for pod in pods:
+        if (pod.get("metadata", {}).get("labels") or {}).get(L.ROLE) != role:
+            continue
+        conditions = pod.get("status", {}).get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            continue
+        containers = pod.get("spec", {}).get("containers") or [{}]
+        image = str(containers[0].get("image", "?"))
+        out[image] = out.get(image, 0) + 1
+    return dict(sorted(out.items()))

@@ -1,0 +1,136 @@
+"""Sizes an engine pod takes from its model and GPUs: the fits-check, /dev/shm, the startup budget, the cache.
+
+Everything here is derived from the performance model's catalog (xpyd_perf) and the engine's own
+flags in spec.engine.args and spec.<pool>.args (--max-model-len, --gpu-memory-utilization,
+--quantization, --kv-cache-dtype), so a pool that asks for tensor parallel 8 gets a /dev/shm,
+a startup probe and a model cache sized for it without a pod patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_perf import Fit, ModelSpec, UnknownModelError, quantized, replica_fit, resolve_model
+from xpyd_perf.fits import GPU_MEMORY_UTILIZATION
+
+GI: Final = 2**30
+SHM_PER_GPU_GI: Final = 2  # NCCL and the engines' shared-memory queues: Dynamo's 8Gi default, llm-d's 16Gi at TP4
+SHM_MIN_GI: Final = 8
+STARTUP_PERIOD_S: Final = 10
+STARTUP_BASE_S: Final = 600  # CUDA graph capture, torch.compile, DeepGEMM warm-up after the weights are in
+DOWNLOAD_BYTES_PER_S: Final = 100e6  # a first start downloads the weights: ~1 Gb/s from the Hugging Face Hub
+STARTUP_UNKNOWN_S: Final = 1800  # a model outside the catalog: 30 minutes
+STARTUP_EXPERT_PARALLEL_S: Final = 1800  # DeepGEMM and DeepEP kernels compiled at first start (Dynamo's GB200: 100 min)
+CACHE_HEADROOM: Final = 1.2  # tokenizer, config and the download's temporary files beside the weights
+CACHE_EXTRA_GI: Final = 10
+
+# Engine flags read from the command line, vLLM's name first, then SGLang's.
+MAX_MODEL_LEN: Final = ("--max-model-len", "--context-length")
+MEMORY_UTILIZATION: Final = ("--gpu-memory-utilization", "--mem-fraction-static")
+QUANTIZATION: Final = ("--quantization",)
+KV_CACHE_DTYPE: Final = ("--kv-cache-dtype",)
+
+
+def flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The last value given to any of `names` (`--flag value` or `--flag=value`), as the engine reads it."""
+    found: str | None = None
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name in names:
+            if eq:
+                found = value
+            elif i + 1 < len(argv):
+                found = argv[i + 1]
+    return found
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    max_model_len: int | None
+    memory_utilization: float
+    quantization: str | None
+    fp8_kv_cache: bool
+
+
+def engine_flags(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> EngineFlags:
+    argv = [*spec.engine.args, *pool.args]
+
+    def number(names: Sequence[str]) -> float | None:
+        text = flag(argv, names)
+        try:
+            return float(text) if text is not None else None
+        except ValueError:
+            return None  # the engine will say so; the fits-check falls back to its defaults
+
+    length = number(MAX_MODEL_LEN)
+    utilization = number(MEMORY_UTILIZATION)
+    kv_dtype = (flag(argv, KV_CACHE_DTYPE) or "").lower()
+    return EngineFlags(
+        max_model_len=int(length) if length and length >= 1 else None,
+        memory_utilization=utilization if utilization and 0 < utilization <= 1 else GPU_MEMORY_UTILIZATION,
+        quantization=flag(argv, QUANTIZATION),
+        fp8_kv_cache=kv_dtype.startswith("fp8"),
+    )
+
+
+def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = None) -> ModelSpec | None:
+    """The model as the catalog knows it (quantized as the name or --quantization says), or None."""
+    try:
+        model = resolve_model(spec.model.name)
+    except UnknownModelError:
+        return None
+    quantization = engine_flags(spec, pool).quantization if pool is not None else None
+    if quantization:
+        with contextlib.suppress(ValueError):  # a method the catalog does not model (awq, gptq): keep the name's
+            model = quantized(model, quantization)
+    return model
+
+
+def replica_fit_of(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> Fit | None:
+    """The fits-check of one replica of `pool`; None when it cannot be modelled (topology Any, no GPUs,
+    a model outside the catalog)."""
+    topology = spec.topology.hardware
+    model = catalog_model(spec, pool)
+    if topology is None or model is None or pool.gpus_per_replica < 1:
+        return None
+    flags = engine_flags(spec, pool)
+    per_token = spec.model.kv_bytes_per_token or model.kv_bytes_per_token
+    if flags.fp8_kv_cache:
+        per_token = max(1, per_token // 2)
+    return replica_fit(
+        model, topology.gpu, pool.tp, pool.data_parallel_size, pool.expert_parallel, flags.max_model_len,
+        per_token, flags.memory_utilization,
+    )  # fmt: skip
+
+
+def shm_size(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> str:
+    """/dev/shm: spec.engine.sharedMemorySize, else 2Gi per GPU and at least 8Gi."""
+    return spec.engine.shared_memory_size or f"{max(SHM_MIN_GI, SHM_PER_GPU_GI * pool.gpus_per_replica)}Gi"
+
+
+def startup_seconds(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> int:
+    """How long a first start may take: download the weights (the checkpoint's size, whatever
+    --quantization does in memory), load them, compile kernels and capture CUDA graphs."""
+    model = catalog_model(spec)
+    if model is None:
+        return STARTUP_UNKNOWN_S
+    warmup = STARTUP_BASE_S + (STARTUP_EXPERT_PARALLEL_S if pool.expert_parallel else 0)
+    return warmup + math.ceil(model.weight_bytes / DOWNLOAD_BYTES_PER_S)
+
+
+def startup_failure_threshold(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> int:
+    """The startup probe's failureThreshold at one probe every STARTUP_PERIOD_S seconds."""
+    return math.ceil(startup_seconds(spec, pool) / STARTUP_PERIOD_S)
+
+
+def cache_size(spec: DisaggregatedDeploymentSpec) -> str | None:
+    """The default (emptyDir) model cache's size limit: the weights with headroom; None for an unknown model."""
+    model = catalog_model(spec)
+    if model is None:
+        return None
+    return f"{math.ceil(model.weight_bytes * CACHE_HEADROOM / GI) + CACHE_EXTRA_GI}Gi"

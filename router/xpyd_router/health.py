@@ -1,0 +1,84 @@
+"""Worker health: a /health probe before a worker's first request, then the /metrics scrape loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+
+from xpyd_router.metrics import RouterMetrics
+from xpyd_router.model import WORKER_ROLES
+from xpyd_router.pool import WorkerPool
+from xpyd_router.scrape import WorkerMetrics, parse_metrics
+
+PROBE_TIMEOUT = 2.0  # seconds for GET /health or /metrics
+_ERRORS = (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError)
+
+
+class HealthChecker:
+    """Probes new and down workers on /health; scrapes the healthy ones' /metrics."""
+
+    def __init__(self, session: aiohttp.ClientSession, pool: WorkerPool, timeout: float = PROBE_TIMEOUT) -> None:
+        self.session = session
+        self.pool = pool
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def probe(self, name: str) -> bool:
+        try:
+            async with self.session.get(name + "/health", timeout=self.timeout) as resp:
+                await resp.read()
+                return resp.status == 200
+        except _ERRORS:
+            return False
+
+    async def scrape(self, name: str) -> WorkerMetrics | None:
+        try:
+            async with self.session.get(name + "/metrics", timeout=self.timeout) as resp:
+                return parse_metrics(await resp.text()) if resp.status == 200 else None
+        except _ERRORS:
+            return None
+
+    async def check(self, name: str) -> None:
+        """A down (or new) worker must pass /health before its metrics can bring it back."""
+        worker = self.pool.workers.get(name)
+        if worker is None:
+            return
+        if not worker.healthy and (self.pool.held(name) or not await self.probe(name)):
+            return
+        self.pool.apply_metrics(name, await self.scrape(name))
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(name) for name in list(self.pool.workers)))
+
+    def check_soon(self, name: str) -> None:
+        """For pool.on_added: probe a newly discovered worker now rather than at the next scrape."""
+        task = asyncio.get_running_loop().create_task(self.check(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def publish(pool: WorkerPool, metrics: RouterMetrics) -> None:
+    """The xpyd_router_workers gauges by role and state."""
+    for role in WORKER_ROLES:
+        members = [w for w in pool.workers.values() if w.role == role]
+        ready = sum(1 for w in members if w.healthy and not w.draining)
+        draining = sum(1 for w in members if w.draining)
+        metrics.workers.labels(metrics.deployment, role, "ready").set(ready)
+        metrics.workers.labels(metrics.deployment, role, "draining").set(draining)
+        metrics.workers.labels(metrics.deployment, role, "unhealthy").set(len(members) - ready - draining)
+
+
+async def health_loop(checker: HealthChecker, metrics: RouterMetrics, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        await checker.check_all()
+        publish(checker.pool, metrics)

@@ -1,0 +1,242 @@
+"""The worker hops of one request: prefill, decode or direct, the SSE relay, and who is to blame."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+
+from xpyd_router.metrics import RouterMetrics
+from xpyd_router.model import Plan, RouteRequest
+from xpyd_router.policy_base import first_hop_blocks, prefill_blocks
+from xpyd_router.pool import WorkerPool
+from xpyd_router.protocol import JsonObj, bootstrap_bodies, decode_body, error_body, prefill_body, sse_error
+from xpyd_router.replies import BadReply, SseFilter, json_reply, prefill_params
+from xpyd_router.upstream import Upstream, UpstreamError
+
+JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+log = logging.getLogger("xpyd_router")
+
+
+def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    return web.Response(status=status, body=error_body(message, kind, status, param), content_type=JSON)
+
+
+def _host(base_url: str) -> bytes:
+    return base_url.split("://", 1)[-1].rsplit(":", 1)[0].encode()
+
+
+class HopFailed(Exception):
+    """A worker failed before the client saw any of its answer: the request may go to another worker.
+
+    The message is for the client (no addresses); `detail` names the worker, for the log.
+    """
+
+    def __init__(self, message: str, detail: str, worker: str, worker_down: bool) -> None:
+        super().__init__(message)
+        self.detail = detail
+        self.worker = worker
+        self.worker_down = worker_down
+
+
+class Exchange:
+    """One client request in flight: the stream to the client once its first event is ready."""
+
+    __slots__ = ("out", "request")
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.out: web.StreamResponse | None = None
+
+    async def open_stream(self) -> web.StreamResponse:
+        out = self.out = web.StreamResponse(headers=SSE_HEADERS)
+        await out.prepare(self.request)
+        return out
+
+    async def end_stream(self, event: bytes) -> None:
+        """Ends a started stream with an error event; a client that will not read is cut off."""
+        out = self.out
+        if out is None:
+            return
+        try:
+            async with asyncio.timeout(1.0):
+                await out.write(event)
+                await out.write_eof()
+        except (TimeoutError, ConnectionError):
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+
+
+class Hops:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        metrics: RouterMetrics,
+        upstream: Upstream,
+        engine: Literal["vllm", "sglang"],
+        bootstrap_port: int,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.upstream = upstream
+        self.engine = engine
+        self.bootstrap_port = bootstrap_port
+
+    def blame(self, worker: str, worker_down: bool, detail: str) -> None:
+        """A worker-level failure takes the worker out now; a failed request only counts towards its breaker."""
+        if worker_down:
+            log.warning("worker down: %s", detail)
+            self.pool.mark_down(worker)
+            self.metrics.error("worker_failed")
+            return
+        log.warning("request failed on a worker: %s", detail)
+        self.metrics.error("worker_error")
+        if self.pool.request_failed(worker):
+            log.warning("worker %s failed %d requests in a row: out of rotation", worker, self.pool.breaker_failures)
+            self.metrics.error("breaker_open")
+
+    async def run(
+        self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool
+    ) -> web.StreamResponse:
+        if plan.prefill is None:
+            work = first_hop_blocks(plan, req)  # counted on the worker until its first token
+            return await self._decode(ex, plan.decode.worker, path, orjson.dumps(body), stream, "direct", work)
+        prefill = plan.prefill.worker
+        uncached = prefill_blocks(plan, req)
+        if self.engine == "sglang":
+            first, second = bootstrap_bodies(body, prefill, self.bootstrap_port)
+            task = asyncio.create_task(self._prefill(prefill, path, first, uncached))
+            try:
+                return await self._decode(ex, plan.decode.worker, path, second, stream, "decode")
+            finally:
+                if not task.done():
+                    task.cancel()
+                outcome: list[object] = await asyncio.gather(task, return_exceptions=True)
+                if isinstance(outcome[0], HopFailed):
+                    self.blame(outcome[0].worker, outcome[0].worker_down, outcome[0].detail)
+        answer = await self._prefill(prefill, path, prefill_body(body), uncached)
+        if isinstance(answer, web.Response):
+            return answer
+        return await self._decode(ex, plan.decode.worker, path, decode_body(body, answer), stream, "decode")
+
+    async def _prefill(self, worker: str, path: str, payload: bytes, blocks: int) -> dict[str, Any] | web.Response:
+        start = time.perf_counter()
+        self.pool.begin(worker, blocks)
+        try:
+            resp = await self.upstream.post(worker, path, payload)
+            try:
+                data = await resp.read()
+            finally:
+                resp.close()
+        except UpstreamError as exc:
+            raise HopFailed("prefill worker failed", f"prefill {worker}: {exc}", worker, exc.worker_down) from None
+        finally:
+            self.pool.end(worker, blocks)
+        self.metrics.hop("prefill", time.perf_counter() - start)
+        if not 200 <= resp.status < 300:
+            return self._not_ok(worker, "prefill", resp.status, data)
+        if self.engine == "sglang":
+            self.pool.request_ok(worker)
+            return {}
+        try:
+            params = prefill_params(data)
+        except BadReply as exc:
+            detail = f"prefill {worker}: {exc}"
+            raise HopFailed("prefill worker sent a malformed reply", detail, worker, False) from None
+        self.pool.request_ok(worker)
+        return params
+
+    def _not_ok(self, worker: str, hop: str, status: int, data: bytes) -> web.Response:
+        """A 4xx is the client's mistake: its explanation goes back (no retry, no blame); else the hop failed."""
+        if 400 <= status < 500:
+            self.pool.request_ok(worker)
+            return self._client_error(status, data)
+        raise HopFailed(f"{hop} worker answered {status}", f"{hop} {worker} answered {status}", worker, False)
+
+    def _client_error(self, status: int, data: bytes) -> web.Response:
+        try:
+            ok = isinstance(orjson.loads(data), dict)
+        except orjson.JSONDecodeError:
+            ok = False
+        if ok and not any(_host(name) in data for name in self.pool.workers):
+            return web.Response(status=status, body=data, content_type=JSON)
+        return error_response(status, f"the worker rejected the request (HTTP {status})", "invalid_request_error")
+
+    async def _decode(
+        self, ex: Exchange, worker: str, path: str, payload: bytes, stream: bool, hop: str, work: int = 0
+    ) -> web.StreamResponse:
+        start = time.perf_counter()
+        self.pool.begin(worker, work)
+        left = [work]  # prompt blocks still counted as in-flight work: until the first token streams
+        try:
+            try:
+                resp = await self.upstream.post(worker, path, payload, first_byte=stream)
+            except UpstreamError as exc:
+                raise HopFailed(f"{hop} worker failed", f"{hop} {worker}: {exc}", worker, exc.worker_down) from None
+            try:
+                if stream and resp.status == 200:
+                    return await self._relay(ex, resp.chunks(), worker, hop, start, left)
+                try:
+                    data = await resp.read()
+                except UpstreamError as exc:
+                    detail = f"{hop} {worker} broke off: {exc}"
+                    raise HopFailed(f"{hop} worker failed", detail, worker, exc.worker_down) from None
+                self.metrics.hop(hop, time.perf_counter() - start)
+                if not 200 <= resp.status < 300:
+                    return self._not_ok(worker, hop, resp.status, data)
+                try:
+                    data = json_reply(data)
+                except BadReply as exc:
+                    detail = f"{hop} {worker}: {exc}"
+                    raise HopFailed(f"{hop} worker sent a malformed reply", detail, worker, False) from None
+                self.pool.request_ok(worker)
+                return web.Response(status=resp.status, body=data, content_type=JSON)
+            finally:
+                resp.close()  # back to the pool if complete; else closing it cancels the worker's request
+        finally:
+            self.pool.end(worker, left[0])
+
+    async def _relay(
+        self, ex: Exchange, chunks: AsyncIterator[bytes], worker: str, hop: str, start: float, left: list[int]
+    ) -> web.StreamResponse:
+        """Passes whole, checked SSE events through as they arrive; the client sees nothing until the first."""
+        sse = SseFilter()
+        out: web.StreamResponse | None = None
+        try:
+            async for chunk in chunks:
+                data = sse.feed(chunk)
+                if not data:
+                    continue
+                if out is None:
+                    if left[0]:
+                        self.pool.prefilled(worker, left[0])
+                        left[0] = 0
+                    out = await ex.open_stream()
+                    self.metrics.hop(f"{hop}_first_byte", time.perf_counter() - start)
+                await out.write(data)
+            sse.finish()
+            if out is None:  # finish() passed, so an event was sent; kept for the type checker
+                raise BadReply("empty stream")
+            self.metrics.hop(hop, time.perf_counter() - start)
+            self.pool.request_ok(worker)
+            await out.write_eof()
+            return out
+        except (UpstreamError, BadReply) as exc:
+            down = isinstance(exc, UpstreamError) and exc.worker_down
+            detail = f"{hop} {worker}: {exc}"
+            if out is None:
+                raise HopFailed(f"{hop} worker failed before its first token", detail, worker, down) from None
+            self.blame(worker, down, detail)
+            self.metrics.error("decode_midstream")
+            await ex.end_stream(sse_error(f"{hop} worker failed mid-stream"))
+            return out
+        except ConnectionResetError:  # the client left: closing the upstream cancels its request
+            self.metrics.error("client_disconnected")
+            return out if out is not None else web.Response(status=499)

@@ -1,0 +1,159 @@
+"""Subscribing to every worker's engine KV events (ZMQ, as vLLM and SGLang publish them).
+
+One SUB socket per worker reads [topic, seq, payload]; a batch is applied once, in seq order.
+On joining, after a gap in seq, and when seq goes backwards (the engine restarted: its cache is
+empty), the subscription asks the engine's replay socket (DEALER to its ROUTER) for the batches
+it missed: it sends ["", start_seq] and reads ["", seq, payload] (newer vLLM: ["", topic, seq,
+payload]) until seq -1. Workers are followed level-based from the pool every second; a worker
+whose engine publishes nothing stays modelled in the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import operator
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from xpyd_router.engine_view import EngineView
+from xpyd_router.kv_wire import WireError, decode_batch
+from xpyd_router.pool import WorkerPool
+
+log = logging.getLogger("xpyd_router.kv_events")
+EVENTS, REPLAY = "kv_events", "kv_replay"  # WorkerState.extra keys: tcp:// endpoints
+REPLAY_TIMEOUT = 2.0  # seconds to wait for each replayed batch
+SYNC_SECONDS = 1.0
+END_SEQ = -1
+
+
+class Subscription:
+    """One engine's event stream, applied to its EngineView in seq order."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, events: str, replay: str, topic: str, view: EngineView,
+                 active: Callable[[], bool], replay_timeout: float = REPLAY_TIMEOUT) -> None:  # fmt: skip
+        self.ctx, self.events, self.replay, self.topic = ctx, events, replay, topic
+        self.view, self.active, self.replay_timeout = view, active, replay_timeout
+        self.last: int | None = None  # seq of the last batch applied
+        self.last_live: int | None = None  # seq of the last batch read on SUB
+        self.bad = 0  # payloads that were not KV event batches
+
+    async def run(self) -> None:
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        sub.connect(self.events)
+        try:
+            await self.catch_up(0)  # what the engine cached before we joined, as far as its buffer goes
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) == 3 and len(frames[1]) == 8:
+                    await self.on_live(int.from_bytes(frames[1], "big"), frames[2])
+        finally:
+            sub.close(linger=0)
+
+    async def on_live(self, seq: int, payload: bytes) -> None:
+        if self.last_live is not None and seq <= self.last_live:  # seq went back: a new engine process
+            log.info("%s: KV event seq went from %d to %d: engine restarted", self.view.worker, self.last_live, seq)
+            self.view.reset()
+            self.last = None
+        self.last_live = seq
+        if self.last is None and seq > 0:
+            await self.catch_up(0)
+        elif self.last is not None and seq > self.last + 1:
+            await self.catch_up(self.last + 1)
+        if self.last is None or seq > self.last:
+            self.apply(seq, payload)
+
+    def apply(self, seq: int, payload: bytes) -> None:
+        self.last = seq
+        if not self.active():
+            return
+        try:
+            events = decode_batch(payload)
+        except WireError as exc:
+            self.bad += 1
+            if self.bad == 1:
+                log.warning("%s: KV event payload not understood (%s); skipping such batches", self.view.worker, exc)
+            return
+        if self.view.worker not in self.view.index.fed:
+            log.info("%s: its engine's KV events now feed its prefix index (seq %d)", self.view.worker, seq)
+        self.view.apply(events)
+
+    async def catch_up(self, start: int) -> None:
+        """Replay from `start` on (a fresh DEALER each time, so a late answer cannot be misread)."""
+        if not self.replay:
+            return
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.connect(self.replay)
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                async with asyncio.timeout(self.replay_timeout):
+                    frames = await dealer.recv_multipart()
+                while frames and not frames[0]:
+                    frames = frames[1:]
+                if len(frames) not in (2, 3):
+                    return
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq == END_SEQ or not frames[-1]:
+                    return
+                if seq >= start and (self.last is None or seq > self.last):
+                    self.apply(seq, frames[-1])
+        except TimeoutError:
+            log.debug("%s: no KV replay answer from %s", self.view.worker, self.replay)
+        finally:
+            dealer.close(linger=0)
+
+
+class KvEventHub:
+    """Keeps one subscription per worker whose pod (or flags) names a KV events endpoint."""
+
+    def __init__(self, pool: WorkerPool, topic: str = "", replay_timeout: float = REPLAY_TIMEOUT) -> None:
+        self.pool, self.topic, self.replay_timeout = pool, topic, replay_timeout
+        self.ctx = zmq.asyncio.Context()
+        self.subs: dict[str, tuple[tuple[str, str], Subscription, asyncio.Task[None]]] = {}
+
+    def sync(self) -> None:
+        """Subscribe to new workers, drop gone ones, restart a subscription that failed."""
+        wanted: dict[str, tuple[str, str]] = {}
+        for name, worker in self.pool.workers.items():
+            if worker.extra.get(EVENTS):
+                wanted[name] = (worker.extra[EVENTS], worker.extra.get(REPLAY, ""))
+        for name, (endpoints, _, task) in list(self.subs.items()):
+            if wanted.get(name) != endpoints or task.done():
+                task.cancel()
+                del self.subs[name]
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    log.warning("%s: KV event subscription failed: %r", name, task.exception())
+        for name, endpoints in wanted.items():
+            if name not in self.subs:
+                view = EngineView(name, self.pool.index, self.pool.keys.block_size)
+                if name in self.pool.index.fed:  # a new subscription rebuilds what the old one knew
+                    view.reset()
+                active = functools.partial(operator.contains, self.pool.workers, name)
+                sub = Subscription(self.ctx, *endpoints, self.topic, view, active, self.replay_timeout)
+                self.subs[name] = (endpoints, sub, asyncio.create_task(sub.run(), name=f"kv-events {name}"))
+
+    async def run(self, _: WorkerPool | None = None, interval: float = SYNC_SECONDS) -> None:
+        """The background job: follow the pool until cancelled, then close every socket."""
+        try:
+            while True:
+                self.sync()
+                await asyncio.sleep(interval)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        tasks = [task for _, _, task in self.subs.values()]
+        self.subs.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.ctx.destroy(linger=0)

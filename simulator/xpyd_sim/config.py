@@ -1,0 +1,32 @@
+"""The knobs of one simulation run that are not part of the deployment spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xpyd_sim.kvevents import IndexMode
+from xpyd_sim.metrics import Slo
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of one run that are not part of the deployment spec."""
+
+    router: str = "kv-aware"
+    autoscaler: str = "off"
+    slo: Slo = field(default_factory=Slo)
+    max_requests: int | None = None
+    duration_s: float | None = None  # arrivals after this are not replayed
+    token_budget: int = 8192  # vLLM max_num_batched_tokens
+    max_seqs: int = 256  # vLLM max_num_seqs
+    block_tokens: int = 512  # prefix block size of the trace's ids
+    startup_s: float = 60.0  # a new replica's time to Ready (image cached, weights loaded)
+    scrape_s: float = 1.0  # the router's /metrics scrape interval
+    interval_s: float | None = None  # autoscaler interval; the spec's when None
+    autoscaler_targets: tuple[tuple[str, float], ...] = ()  # spec.autoscaling.targets keys (camelCase)
+    router_replicas: int | None = None  # routers sharing no state; the spec's router.replicas when None
+    router_index: IndexMode = "own"  # what feeds each replica's prefix index: its own routes and/or KV events
+    event_delay_s: float = 0.05  # a KV event's way from the engine into every router replica's index
+    cache_tokens: int | None = None  # cap each worker's prefix cache below its free KV (a smaller cache)
+    peer_sync_s: float = 0.0  # router replicas exchange their in-flight counts this often (0: never)
+    sample_s: float = 10.0  # timeline resolution

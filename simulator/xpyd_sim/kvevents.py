@@ -1,0 +1,90 @@
+"""Engine KV events in the simulator: what each worker's cache stored and evicted, delivered late.
+
+vLLM publishes `BlockStored` / `BlockRemoved` events for every change of its prefix cache; a
+router that subscribes keeps an index of what each worker really holds. Here every simulated
+worker's `PrefixCache` reports its changes, and the router replicas' indexes receive them all
+`delay_s` later (the publisher's batching plus the network), in the order they happened.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from xpyd_router.prefix_index import PrefixIndex
+from xpyd_sim.cache import KvEvent
+from xpyd_sim.worker import Worker
+
+IndexMode = Literal["own", "events", "events+own"]
+INDEX_MODES: tuple[IndexMode, ...] = ("own", "events", "events+own")
+
+
+class EventFedIndex(PrefixIndex):
+    """A router replica's prefix index kept by engine KV events.
+
+    `events`: the workers are event-fed (the live router's mode): the routing path's own `record`
+    calls are dropped, so the index holds only what the workers report and every replica agrees.
+    `events+own`: each replica also records its own decisions at once, a guess the events confirm
+    or correct.
+    """
+
+    def __init__(self, own: bool) -> None:
+        super().__init__()
+        self.own = own
+
+    def set_capacity(self, worker: str, blocks: int) -> None:
+        super().set_capacity(worker, blocks)
+        self.set_fed(worker, not self.own)
+
+    def stored(self, worker: str, blocks: Sequence[int]) -> None:
+        self.store(worker, blocks)
+
+
+class EventBus:
+    """Collects the workers' cache events and hands them to every replica index after `delay_s`."""
+
+    def __init__(self, delay_s: float) -> None:
+        if delay_s < 0:
+            raise ValueError(f"KV event delay must be >= 0 s, got {delay_s}")
+        self.delay_s = delay_s
+        self._queue: deque[tuple[float, str, KvEvent]] = deque()
+        self.indexes: list[EventFedIndex] = []
+        self.delivered = 0
+
+    def watch(self, workers: Iterable[Worker]) -> None:
+        """Turn on event reporting for workers not watched yet."""
+        for w in workers:
+            if w.cache.events is None:
+                w.cache.events = []
+
+    def send(self, w: Worker, now: float) -> float | None:
+        """Queue the worker's new events; the time a delivery must be scheduled, when one must be."""
+        events = w.cache.events
+        if not events:
+            return None
+        was_empty = not self._queue
+        for event in events:
+            self._queue.append((now, w.name, event))
+        events.clear()
+        if self.delay_s == 0:
+            return self.deliver(now)
+        return now + self.delay_s if was_empty else None  # else the pending delivery reschedules
+
+    def next_due(self) -> float | None:
+        return self._queue[0][0] + self.delay_s if self._queue else None
+
+    def deliver(self, now: float) -> float | None:
+        """Apply every event at least `delay_s` old to every index, oldest first; the next due time."""
+        queue = self._queue
+        horizon = now - self.delay_s + 1e-12
+        while queue and queue[0][0] <= horizon:
+            _, name, (stored, blocks) = queue.popleft()
+            self.delivered += 1
+            for index in self.indexes:
+                if stored:
+                    index.stored(name, blocks)
+                else:
+                    index.discard(name, blocks)
+        due = self.next_due()
+        return None if due is None else max(due, now)

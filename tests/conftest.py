@@ -1,0 +1,57 @@
+"""Fixtures for every test folder: a real emulated vLLM worker process on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def emulated_worker(model: str, *extra: str, domain: str = "") -> Iterator[str]:
+    """One `xpyd emulate` B200 vLLM worker at real speed, bound to loopback; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, "XPYD_BIND_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    if domain:
+        env |= {"XPYD_NVLINK_DOMAIN": domain, "XPYD_NODE_NAME": domain}
+    cmd = [sys.executable, "-m", "xpyd_cli.main", "emulate", "--gpu", "B200", "--speedup", "1", "--",
+           "vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                pytest.fail(f"emulator did not come up: {err[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@pytest.fixture(scope="session")
+def emulate() -> Callable[..., AbstractContextManager[str]]:
+    """`with emulate(model, *vllm_args, domain=...) as url:` runs one emulated worker process."""
+    return emulated_worker

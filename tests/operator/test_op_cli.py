@@ -1,0 +1,63 @@
+"""The `xpyd operator` command line and the wiring of the autoscaler loops beside the reconcile."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from xpyd_operator import cli
+from xpyd_operator.autoscaler import Autoscalers
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--namespace", "a", "--all-namespaces"], "either --namespace or --all-namespaces"),
+        (["--resync-seconds", "0"], "--resync-seconds must be > 0"),
+        (["--default-network", "Slingshot"], "--default-network: 1 validation error"),
+        (["--default-network", '{"profile": "None", "env": {"A": "1"}}'], "takes no additions; use Custom"),
+    ],
+)
+def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "want"),
+    [("", [], ""), ("InfiniBand", [], "InfiniBand"), ("InfiniBand", ["--default-network", "RoCE"], "RoCE")],
+)
+def test_default_network_flag_and_env(monkeypatch: pytest.MonkeyPatch, env: str, argv: list[str], want: str) -> None:
+    monkeypatch.setenv("XPYD_DEFAULT_NETWORK", env)
+    assert cli._parser().parse_args(argv).default_network == want
+
+
+def _dd(name: str, autoscaling: dict[str, Any], model: str = "meta-llama/Llama-3.1-8B-Instruct") -> dict[str, Any]:
+    pool = {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+    spec = {"model": {"name": model}, "prefill": pool, "decode": pool, "autoscaling": autoscaling}
+    return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+
+class _Parked(Autoscalers):
+    """Loops that wait instead of talking to an API server."""
+
+    async def _loop(self, ns: str, name: str) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_loops_start_once_for_valid_specs_with_autoscaling_on() -> None:
+    scalers = _Parked(client=None, enqueue=lambda ns, name: None)  # type: ignore[arg-type]
+    objects = [
+        _dd("on", {"enabled": True}),
+        _dd("off", {"enabled": False}),
+        _dd("invalid", {"enabled": True, "intervalSeconds": 0}),  # the reconciler reports it; no loop
+    ]
+    scalers.ensure(objects)
+    first = dict(scalers.tasks)
+    scalers.ensure(objects)
+    assert list(first) == ["ns/on"]
+    assert scalers.tasks == first  # a running loop is not started twice
+    await scalers.close()
+    assert scalers.tasks == {}
