@@ -43,22 +43,6 @@ SETUPS = [
 SCALE_COPIES, SCALE_PREFILL, SCALE_DECODE = 20, 42, 83  # 125 x 8 = 1,000 GPUs, 20x Mooncake's load
 
 
-def ideal_hit_ratio(load: list[traces.TraceRequest], block_tokens: int = 512) -> float:
-    """Prefix reuse an infinite cache would allow: prompt tokens in blocks some earlier request had."""
-    seen: set[int] = set()
-    hit = total = 0
-    for r in load:
-        n = 0
-        for b in r.blocks:
-            if b not in seen:
-                break
-            n += 1
-        hit += min(n * block_tokens, r.prompt_tokens - 1)
-        total += r.prompt_tokens
-        seen.update(r.blocks)
-    return hit / total if total else 0.0
-
-
 def run_setup(
     name: str, trace_file: str, spec_file: str, copies: int, pools: dict[str, int], out: Path
 ) -> dict[str, Any]:
@@ -96,7 +80,7 @@ def run_setup(
         "autoscalers": auto,
         "wall_s": round(wall, 1),
         "requests": len(load),
-        "ideal_hit": ideal_hit_ratio(load),
+        "ideal_hit": traces.ideal_hit_ratio(load),
     }
 
 

@@ -15,39 +15,19 @@ import random
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
-CHARS_PER_TOKEN = 4
-VOCAB = 1 << 17  # ids stay below a real vocabulary's size (Llama 3: 128,256)
+from xpyd_perf.emutokens import CHARS_PER_TOKEN as CHARS_PER_TOKEN  # the engine tokenizer, re-exported
+from xpyd_perf.emutokens import VOCAB as VOCAB
+from xpyd_perf.emutokens import Ids as Ids
+from xpyd_perf.emutokens import count_tokens as count_tokens
+from xpyd_perf.emutokens import token_ids as token_ids
+
 MASK64 = (1 << 64) - 1
 _FILLER_WORDS = (" the", " cat", " sat", " on ", "the ", "mat.")
 _FILLER = "".join(_FILLER_WORDS) * 64
-_CHAR_KEYS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], np.uint64)
 _SLOT_KEYS = np.random.default_rng(0xB10C).integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
 _SEED_TEXT = os.environ.get("PYTHONHASHSEED")
 NONE_HASH = hash(("xpyd-none-hash", int(_SEED_TEXT))) & MASK64 if _SEED_TEXT else random.getrandbits(64)
-
-Ids = npt.NDArray[np.int64]
-
-
-def count_tokens(text: str) -> int:
-    """Tokens in a text: one per started group of 4 characters."""
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-
-
-def token_ids(text: str) -> Ids:
-    """The text's token ids: each started group of 4 code points mixed into [0, VOCAB)."""
-    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
-    n = count_tokens(text)
-    if len(codes) < n * CHARS_PER_TOKEN:  # the last token is shorter: pad it with code point 0
-        codes = np.concatenate([codes, np.zeros(n * CHARS_PER_TOKEN - len(codes), dtype=np.uint64)])
-    groups = codes.reshape(n, CHARS_PER_TOKEN)
-    with np.errstate(over="ignore"):
-        mixed = groups[:, 0] * _CHAR_KEYS[0] + groups[:, 1] * _CHAR_KEYS[1]
-        mixed += groups[:, 2] * _CHAR_KEYS[2] + groups[:, 3] * _CHAR_KEYS[3]
-        mixed ^= mixed >> np.uint64(29)
-    ids: Ids = (mixed & np.uint64(VOCAB - 1)).astype(np.int64)
-    return ids
 
 
 def chain_hashes(ids: Ids, block_size: int, limit: int | None = None, seed: int = NONE_HASH) -> list[int]:

@@ -153,3 +153,20 @@ def load(path: Path) -> Iterator[TraceRequest]:
     if path.suffix == ".csv":
         return load_azure(path)
     raise TraceError(f"{path}: unknown trace format (want .jsonl Mooncake or .csv Azure)")
+
+
+def ideal_hit_ratio(load: Iterable[TraceRequest], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> float:
+    """Prefix reuse an infinite cache shared by all workers would allow: prompt tokens in blocks some
+    earlier request had."""
+    seen: set[int] = set()
+    hit = total = 0
+    for r in load:
+        n = 0
+        for b in r.blocks:
+            if b not in seen:
+                break
+            n += 1
+        hit += min(n * block_tokens, r.prompt_tokens - 1)
+        total += r.prompt_tokens
+        seen.update(r.blocks)
+    return hit / total if total else 0.0

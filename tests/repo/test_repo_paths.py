@@ -66,7 +66,7 @@ def test_no_file_points_outside_the_repository() -> None:
 @pytest.mark.parametrize(
     ("rel", "text", "expected"),
     [
-        ("demo/run.sh", "TRACE=${DEMO_TRACE:-../shared/traces/x.jsonl}", ["../shared"]),
+        ("demo/run.sh", "TRACE=${DEMO_TRACE:-../outside/traces/x.jsonl}", ["../outside"]),
         ("demo/run.sh", "TRACE=${DEMO_TRACE:-data/traces/x.jsonl}", []),
         ("docs/install.md", "see [the README](../README.md)", []),
         ("docs/install.md", "see ../../elsewhere/notes.md", ["../../elsewhere"]),
