@@ -65,3 +65,22 @@ KV_REPLAY_PORT_NAME: Final = "kv-replay"
 KV_EVENTS_TOPIC: Final = "kv-events"
 ROUTER_PORT: Final = 8000
 OWN_IMAGE: Final = "ghcr.io/xpyd/xpyd"
+
+# LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): a multi-node replica is one group of pods. The LWS
+# controller and its pod webhook put these labels, annotation and environment on every pod of a group.
+LWS_GROUP: Final = "leaderworkerset.x-k8s.io"
+LWS_VERSION: Final = "v1"
+LWS_PLURAL: Final = "leaderworkersets"
+LWS_NAME: Final = "leaderworkerset.sigs.k8s.io/name"  # value: the LeaderWorkerSet's name
+LWS_GROUP_INDEX: Final = "leaderworkerset.sigs.k8s.io/group-index"  # which replica (group)
+LWS_WORKER_INDEX: Final = "leaderworkerset.sigs.k8s.io/worker-index"  # rank of the pod in its group; 0 = leader
+LWS_GROUP_KEY: Final = "leaderworkerset.sigs.k8s.io/group-key"  # unique per group incarnation
+LWS_SIZE: Final = "leaderworkerset.sigs.k8s.io/size"  # pod annotation: pods per group
+ENV_LWS_LEADER_ADDRESS: Final = "LWS_LEADER_ADDRESS"  # <lws>-<group>.<lws>.<namespace>
+ENV_LWS_GROUP_SIZE: Final = "LWS_GROUP_SIZE"
+ENV_LWS_WORKER_INDEX: Final = "LWS_WORKER_INDEX"
+DP_RPC_PORT: Final = 29550  # vLLM's --data-parallel-rpc-port default: the ranks of a group meet the leader here
+SGLANG_DIST_PORT: Final = 20000  # SGLang's --dist-init-addr port (the references' choice)
+# The local cluster has no DNS: its kubelet writes pod host names (hostname.subdomain.namespace[.svc...])
+# to a hosts file and names it in this variable; the emulator resolves through it first. Unset elsewhere.
+ENV_HOSTS_FILE: Final = "XPYD_HOSTS_FILE"
