@@ -79,6 +79,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "XPYD", "type": "string", "jsonPath": ".status.xpyd"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Topology", "type": "string", "jsonPath": ".spec.topology.kind"},
+        {"name": "Layout", "type": "string", "jsonPath": ".status.layout"},
         {"name": "KV", "type": "string", "jsonPath": ".status.placement.kvPath", "priority": 1},
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

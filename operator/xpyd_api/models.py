@@ -7,6 +7,7 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xpyd_api.apibase import QUANTITY, ApiModel
+from xpyd_api.layout import ReplicaLayout, replica_layout
 from xpyd_api.podmodels import (
     ModelCache,
     NetworkSpec,
@@ -113,16 +114,27 @@ class PoolAutoscaling(_Model):
 
 
 class PoolSpec(_Model):
-    """One pool of identical engine replicas (a StatefulSet)."""
+    """One pool of identical engine replicas: a StatefulSet, or a LeaderWorkerSet when a replica spans nodes."""
 
     model_config = ConfigDict(json_schema_extra=_cel(POOL_RULES["pool"]))
 
     replicas: int | None = Field(
         default=None, ge=0, description="Omit to leave replicas to an external scaler (HPA, KEDA, xpyd)."
     )
-    gpus_per_replica: int = Field(default=1, ge=0, le=MAX_REPLICA_GPUS, description="GPUs of one replica (one pod).")
+    gpus_per_replica: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICA_GPUS,
+        description="GPUs of one replica (one engine). Larger than a node: whole nodes, one pod each, as a"
+        " LeaderWorkerSet group (8 GPUs per HGX node, 4 per GB200 tray).",
+    )
     tensor_parallel_size: int | None = Field(
-        default=None, ge=1, description="Tensor-parallel size; defaults to gpusPerReplica / dataParallelSize."
+        default=None,
+        ge=1,
+        description="Tensor-parallel size; defaults to gpusPerReplica / (dataParallelSize x pipelineParallelSize).",
+    )
+    pipeline_parallel_size: int = Field(
+        default=1, ge=1, le=MAX_REPLICA_GPUS, description="Pipeline-parallel stages of one replica (vLLM, SGLang)."
     )
     data_parallel_size: int = Field(
         default=1, ge=1, le=MAX_REPLICA_GPUS, description="Data-parallel ranks in one replica (wide expert parallel)."
@@ -138,18 +150,32 @@ class PoolSpec(_Model):
     def _check(self) -> PoolSpec:
         scaling = self.autoscaling
         check_pool(self.replicas, (scaling.min_replicas, scaling.max_replicas) if scaling else None)
-        check_world(self.gpus_per_replica, self.tensor_parallel_size, self.data_parallel_size)
+        check_world(
+            self.gpus_per_replica, self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size
+        )
         checked_patch(self.pod_template_patch, "podTemplatePatch")
         return self
 
     @property
     def tp(self) -> int:
-        return self.tensor_parallel_size or max(1, self.gpus_per_replica // self.data_parallel_size)
+        parts = self.data_parallel_size * self.pipeline_parallel_size
+        return self.tensor_parallel_size or max(1, self.gpus_per_replica // parts)
 
     @property
     def world_size(self) -> int:
-        """Engine ranks of one replica: tensor x data parallel (its GPUs, one rank each)."""
-        return self.tp * self.data_parallel_size
+        """Engine ranks of one replica: tensor x pipeline x data parallel (its GPUs, one rank each)."""
+        return self.tp * self.pipeline_parallel_size * self.data_parallel_size
+
+    def layout(self, topology: Topology | None) -> ReplicaLayout:
+        """Pods and parallelism of one replica on `topology` (one pod when the node size is unknown)."""
+        return replica_layout(
+            self.gpus_per_replica,
+            self.tp,
+            self.pipeline_parallel_size,
+            self.data_parallel_size,
+            self.expert_parallel,
+            topology.gpus_per_node if topology is not None else None,
+        )
 
 
 class TopologySpec(_Model):
@@ -279,7 +305,7 @@ class DisaggregatedDeploymentSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> DisaggregatedDeploymentSpec:
-        pools = {r: p.gpus_per_replica for r, p in self.pools().items()}
+        pools = {r: (p.gpus_per_replica, p.data_parallel_size) for r, p in self.pools().items()}
         check_spec(self.mode, self.topology.kind, pools)
         checked_patch(self.pod_template_patch, "podTemplatePatch")
         if self.model.token_secret is not None and any(e.name == HF_TOKEN for e in self.engine.env):
@@ -290,6 +316,10 @@ class DisaggregatedDeploymentSpec(_Model):
         """The pools this spec asks for, by role (prefill/decode, or worker when Colocated)."""
         named = {"prefill": self.prefill, "decode": self.decode, "worker": self.worker}
         return {role: pool for role, pool in named.items() if pool is not None}
+
+    def layouts(self) -> dict[str, ReplicaLayout]:
+        """Each pool's replica layout on this spec's topology."""
+        return {role: pool.layout(self.topology.hardware) for role, pool in self.pools().items()}
 
 
 class Condition(_Model):
@@ -304,6 +334,9 @@ class Condition(_Model):
 class PoolStatus(_Model):
     replicas: int = 0
     ready_replicas: int = 0
+    pods_per_replica: int | None = Field(
+        default=None, description="Pods of one replica when it spans nodes (a LeaderWorkerSet group); else omitted."
+    )
     images: dict[str, int] | None = Field(
         default=None, description="Engine image -> ready pods serving it; two entries while an upgrade rolls."
     )
@@ -320,6 +353,7 @@ class DisaggregatedDeploymentStatus(_Model):
 
     observed_generation: int | None = None
     xpyd: str | None = None
+    layout: str | None = Field(default=None, description="Pods x GPUs of one replica per pool, e.g. 'P 4x8 GPUs'.")
     prefill: PoolStatus | None = None
     decode: PoolStatus | None = None
     worker: PoolStatus | None = None

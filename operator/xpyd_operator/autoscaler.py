@@ -29,7 +29,7 @@ from .autoscaling_metrics import AutoscalerMetrics, default_metrics
 from .autoscaling_prometheus import PrometheusClient
 from .autoscaling_spec import AutoscaleResult, PoolRuntime, evaluate, managed_pools, pool_runtime
 from .autoscaling_types import PoolMetrics, PrometheusError
-from .kube import DD, as_dict
+from .kube import DD, LeaderWorkerSet, as_dict
 
 log = logging.getLogger("xpyd.autoscaler")
 FIELD_MANAGER = "xpyd-autoscaler"
@@ -64,9 +64,11 @@ async def autoscale(
         return None
     pods = [p.to_dict() async for p in client.list(Pod, namespace=ns, labels={labels.DEPLOYMENT: name})]
     runtimes: dict[str, PoolRuntime] = {}
+    layouts = spec.layouts()
     for role in pools:
+        kind = LeaderWorkerSet if layouts[role].multi_node else StatefulSet
         try:
-            sts = (await client.get(StatefulSet, f"{name}-{role}", namespace=ns)).to_dict()
+            sts = as_dict(await client.get(kind, f"{name}-{role}", namespace=ns))
         except ApiError as exc:
             if exc.status.code == 404:
                 continue  # not created yet: the reconciler's job

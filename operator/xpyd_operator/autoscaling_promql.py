@@ -93,7 +93,8 @@ def pool_queries(namespace: str, deployment: str, stale_after: float, window: st
         "waiting": f"sum {by} {_fresh(WAITING, sel, stale_after)}",
         "running": f"sum {by} {_fresh(RUNNING, sel, stale_after)}",
         "kv_usage": f"avg {by} {_fresh(KV_USAGE, sel, stale_after)}",
-        "reporting": f"count {by} {_fresh(WAITING, sel, stale_after)}",
+        # pods (replicas; a multi-node group's leader), not series: a data-parallel engine has one per rank
+        "reporting": f"count {by} (count by ({ROLE_LABEL}, {POD_LABEL}) {_fresh(WAITING, sel, stale_after)})",
         "sampled_at": f"max {by} (timestamp({WAITING}{{{sel}}}))",
         "ttft_p90": f"histogram_quantile(0.9, sum {by_le} (rate({TTFT}_bucket{{{sel}}}[{window}])))",
         "itl_p90": f"histogram_quantile(0.9, sum {by_le} (rate({ITL}_bucket{{{sel}}}[{window}])))",

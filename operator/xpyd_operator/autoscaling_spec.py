@@ -49,20 +49,27 @@ class AutoscaleResult:
 
 
 def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role: str) -> PoolRuntime:
-    """Size, readiness and GPU-starved Pending pods of one pool, from its StatefulSet and pods."""
+    """Size, readiness and GPU-starved replicas of one pool, from its workload and pods.
+
+    `sts` is the pool's StatefulSet or LeaderWorkerSet: replicas and readyReplicas count groups for
+    the latter, and a group with any unschedulable pod is one starved replica (never a partial one).
+    """
     replicas = int((sts.get("spec") or {}).get("replicas", 1))
     ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
-    starved = 0
+    starved: set[str] = set()
     for pod in pods:
-        if (pod.get("metadata", {}).get("labels") or {}).get(labels.ROLE) != role:
+        meta = pod.get("metadata") or {}
+        pod_labels = meta.get("labels") or {}
+        if pod_labels.get(labels.ROLE) != role:
             continue
         status = pod.get("status") or {}
         if status.get("phase") != "Pending":
             continue
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                starved += 1
-    return PoolRuntime(replicas, ready, starved)
+                group = pod_labels.get(labels.LWS_GROUP_INDEX)
+                starved.add(f"group/{group}" if group is not None else f"pod/{meta.get('name')}")
+    return PoolRuntime(replicas, ready, len(starved))
 
 
 def managed_pools(spec: DisaggregatedDeploymentSpec) -> dict[str, PoolBounds]:

@@ -10,11 +10,13 @@ from xpyd_api import labels as L
 from xpyd_api import podpatch
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_api.podmodels import NetworkSpec
-from xpyd_operator import podsecurity, pools, rollout, routerkit, sizing
+from xpyd_operator import groups, podsecurity, pools, rollout, routerkit, sizing
 from xpyd_operator.autoscaling_spec import managed_pools
-from xpyd_operator.meta import Owner, child_name, stamp
+from xpyd_operator.meta import Owner, stamp
 from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
 from xpyd_operator.placement import unschedulable_reason as _unschedulable
+
+WORKLOADS = frozenset({"StatefulSet", groups.KIND, "Deployment"})  # applied after the objects they use
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Observed:
     children: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) -> object
     own_pods: list[dict[str, Any]] = field(default_factory=list)
     compute_domain_crd: bool = False
+    lws_crd: bool = False  # leaderworkersets.leaderworkerset.x-k8s.io is installed
 
 
 @dataclass
@@ -44,8 +47,8 @@ class InputError(Exception):
 
 
 def observed_replicas(observed: Observed, owner: Owner, role: str) -> int | None:
-    sts = observed.children.get(("StatefulSet", child_name(owner, role)))
-    value = (sts or {}).get("spec", {}).get("replicas")
+    workload = groups.find(observed.children, owner, role)
+    value = (workload or {}).get("spec", {}).get("replicas")
     return int(value) if value is not None else None
 
 
@@ -57,15 +60,16 @@ def demands(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: Owner)
             replicas = observed_replicas(observed, owner, role)
         if replicas is None:
             replicas = pool.autoscaling.min_replicas if pool.autoscaling else 1
-        out.append(Demand(role, replicas, pool.gpus_per_replica, pool.tp))
+        layout = pool.layout(spec.topology.hardware)
+        out.append(Demand(role, replicas, pool.gpus_per_replica, pool.tp, layout.pods))
     return out
 
 
 def current_pins(observed: Observed, owner: Owner, roles: list[str]) -> dict[str, str | None]:
     pins: dict[str, str | None] = {}
     for role in roles:
-        sts = observed.children.get(("StatefulSet", child_name(owner, role))) or {}
-        template_labels = sts.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+        workload = groups.find(observed.children, owner, role) or {}
+        template_labels = groups.api_template(workload).get("metadata", {}).get("labels", {})
         pins[role] = template_labels.get(L.NVLINK_DOMAIN_LABEL)
     return pins
 
@@ -83,6 +87,17 @@ def check_model(spec: DisaggregatedDeploymentSpec) -> None:
         ) from None
 
 
+def check_groups(spec: DisaggregatedDeploymentSpec, observed: Observed) -> None:
+    """A pool whose replica spans nodes needs the LeaderWorkerSet API in the cluster."""
+    wide = [f"{role} ({layout.describe()})" for role, layout in spec.layouts().items() if layout.multi_node]
+    if wide and not observed.lws_crd:
+        raise InputError(
+            "LeaderWorkerSetMissing",
+            f"{', '.join(wide)} spans nodes and runs as a LeaderWorkerSet, whose API "
+            f"({groups.CRD}) is not installed; {groups.INSTALL_HINT}",
+        )
+
+
 def check_fit(spec: DisaggregatedDeploymentSpec) -> None:
     """Refuse a replica whose GPUs cannot hold the weights and one longest sequence (xpyd_perf.fits)."""
     for role, pool in spec.pools().items():
@@ -98,16 +113,20 @@ def with_defaults(spec: DisaggregatedDeploymentSpec, network: NetworkSpec | None
     return spec.model_copy(update={"network": network})
 
 
-def patched(sts: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
-    """A pool's StatefulSet with spec.podTemplatePatch, then the pool's own, applied to its pod template."""
-    template = sts["spec"]["template"]
-    for patch in (spec.pod_template_patch, pool.pod_template_patch):
-        if patch:
-            template = podpatch.merge(template, patch)
-    engine = next(c for c in template["spec"]["containers"] if c["name"] == podpatch.ENGINE_CONTAINER)
-    template["metadata"]["labels"][L.ENGINE_REV] = rollout.engine_rev(engine.get("image", ""), spec.engine.kv_connector)
-    sts["spec"]["template"] = template
-    return sts
+def patched(workload: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
+    """A pool's workload with spec.podTemplatePatch, then the pool's own, applied to each pod template."""
+    for template in groups.templates(workload):
+        merged = template
+        for patch in (spec.pod_template_patch, pool.pod_template_patch):
+            if patch:
+                merged = podpatch.merge(merged, patch)
+        engine = next(c for c in merged["spec"]["containers"] if c["name"] == podpatch.ENGINE_CONTAINER)
+        merged["metadata"]["labels"][L.ENGINE_REV] = rollout.engine_rev(
+            engine.get("image", ""), spec.engine.kv_connector
+        )
+        template.clear()
+        template.update(merged)
+    return workload
 
 
 def placement_for(spec: DisaggregatedDeploymentSpec, observed: Observed, owner: Owner) -> Placement:
@@ -165,11 +184,12 @@ def build_children(
     for role in pool_specs:
         out += [pools.headless_service(owner, role), pools.disruption_budget(owner, role)]
     if use_cd:
-        replicas = sum(p.replicas or 1 for p in pool_specs.values())
-        out.append(pools.compute_domain(owner, replicas))
+        layouts = spec.layouts()
+        nodes = sum((p.replicas or 1) * layouts[role].pods for role, p in pool_specs.items())
+        out.append(pools.compute_domain(owner, nodes))
     for role, pool in pool_specs.items():
         clique = placement.pins.get(role)
-        out.append(pools.statefulset(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
+        out.append(pools.workload(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
     if (router_budget := routerkit.disruption_budget(owner, spec)) is not None:
         out.append(router_budget)
     out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner)]
@@ -179,7 +199,7 @@ def build_children(
     engines = {(m["kind"], m["metadata"]["name"]): m for m in out}
     for role, pool in pool_specs.items():
         if spec.pod_template_patch or pool.pod_template_patch:
-            patched(engines[("StatefulSet", child_name(owner, role))], spec, pool)
+            patched(groups.find(engines, owner, role) or {}, spec, pool)
     return [stamp(m) for m in out]
 
 
@@ -195,6 +215,7 @@ def desire(
     try:
         check_model(spec)
         check_fit(spec)
+        check_groups(spec, observed)
         placement = placement_for(spec, observed, owner)
     except InputError as exc:
         return Desired(None, [], (exc.reason, exc.message))
@@ -210,7 +231,7 @@ def needs_apply(want: dict[str, Any], have: dict[str, Any] | None) -> bool:
     annotations = have.get("metadata", {}).get("annotations") or {}
     if annotations.get(L.APPLIED_HASH) != want["metadata"]["annotations"][L.APPLIED_HASH]:
         return True
-    if want["kind"] not in {"StatefulSet", "Deployment"}:
+    if want["kind"] not in WORKLOADS:
         return False
     wanted = want["spec"].get("replicas")
     if wanted is not None and have.get("spec", {}).get("replicas") != wanted:
@@ -219,8 +240,9 @@ def needs_apply(want: dict[str, Any], have: dict[str, Any] | None) -> bool:
 
 
 def _containers(obj: dict[str, Any]) -> list[tuple[Any, Any]]:
-    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
-    return [(c.get("image"), c.get("command")) for c in spec.get("containers") or []]
+    """(image, command) of every container of every pod template (StatefulSet, Deployment, LeaderWorkerSet)."""
+    containers = [c for t in groups.templates(obj) for c in t.get("spec", {}).get("containers") or []]
+    return [(c.get("image"), c.get("command")) for c in containers]
 
 
 def obsolete(desired: list[dict[str, Any]], observed: Observed) -> list[tuple[str, str]]:

@@ -9,6 +9,8 @@ from xpyd_api import fabrics
 from xpyd_api import labels as L
 from xpyd_api import metric_names as names
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_operator import engine_ranks
+from xpyd_operator.engine_ranks import Rank, Word
 
 DEFAULT_IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:v0.5.3"}
 _DRAIN = (
@@ -44,6 +46,8 @@ def nixl_backends(spec: DisaggregatedDeploymentSpec) -> tuple[str, ...]:
 def _vllm_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
     argv = ["vllm", "serve", spec.model.name, "--port", str(L.ENGINE_PORT)]
     argv += ["--tensor-parallel-size", str(pool.tp)]
+    if pool.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(pool.pipeline_parallel_size)]
     if pool.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(pool.data_parallel_size)]
     if pool.expert_parallel:
@@ -60,11 +64,14 @@ def _vllm_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> 
 
 def _sglang_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
-    argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT), "--tp", str(pool.world_size)]
+    argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT)]
+    argv += ["--tp", str(pool.tp * pool.data_parallel_size)]  # SGLang's --tp spans the data-parallel attention ranks
+    if pool.pipeline_parallel_size > 1:
+        argv += ["--pp-size", str(pool.pipeline_parallel_size)]
     if pool.data_parallel_size > 1:  # SGLang's --tp is the world size; data-parallel attention splits it
         argv += ["--dp-size", str(pool.data_parallel_size), "--enable-dp-attention"]
     if pool.expert_parallel:
-        argv += ["--ep-size", str(pool.world_size)]
+        argv += ["--ep-size", str(pool.tp * pool.data_parallel_size)]
     if role == "worker":
         return [*argv, "--enable-mixed-chunk"]
     backend = "nixl" if spec.engine.kv_connector == "NixlConnector" else "mooncake"
@@ -74,15 +81,24 @@ def _sglang_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -
     return argv
 
 
-def command(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
-    """The full engine command line of one pool's containers."""
+def command(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec, rank: Rank | None = None) -> list[str]:
+    """The full engine command line of one pool's containers; `rank` for a pod of a multi-node replica."""
+    layout = pool.layout(spec.topology.hardware)
+    group: list[Word] = []
     if spec.engine.kind == "sglang":
         argv = _sglang_argv(spec, role, pool)
+        if rank is not None:
+            group = engine_ranks.sglang_flags(layout, role)
     else:
         argv = _vllm_argv(spec, role, pool)
+        if rank is not None:
+            group = engine_ranks.vllm_flags(layout, role, rank)
         if spec.engine.kind == "emulator":
             argv = ["xpyd", "emulate", "--", *argv]
-    return [*argv, "--kv-events-config", KV_EVENTS_CONFIG, *spec.engine.args, *pool.args]
+    tail = ["--kv-events-config", KV_EVENTS_CONFIG, *spec.engine.args, *pool.args]
+    if rank is None:
+        return [*argv, *tail]
+    return engine_ranks.shell([*argv, *group, *tail])
 
 
 def _field(name: str, path: str) -> dict[str, Any]:
@@ -124,10 +140,12 @@ def needs_limit(resource: str) -> bool:
 
 
 def resources(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
+    """Requests and limits of one engine pod: a multi-node replica's pod takes one node's share of its GPUs."""
     requests: dict[str, str] = dict(spec.engine.resources)
     limits: dict[str, str] = {k: v for k, v in requests.items() if needs_limit(k)}
-    if pool.gpus_per_replica > 0:
-        requests[L.GPU_RESOURCE] = limits[L.GPU_RESOURCE] = str(pool.gpus_per_replica)
+    gpus = pool.layout(spec.topology.hardware).gpus_per_pod
+    if gpus > 0:
+        requests[L.GPU_RESOURCE] = limits[L.GPU_RESOURCE] = str(gpus)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -143,7 +161,17 @@ def container(
     pool: PoolSpec,
     domain: str | None,
     own_image: str,
+    rank: Rank | None = None,
 ) -> dict[str, Any]:
+    """The engine container; a multi-node replica's non-leader ranks serve no API: no ports, no probes."""
+    if rank == "worker":
+        return {
+            "name": "engine",
+            "image": image_for(spec, own_image),
+            "command": command(spec, role, pool, rank),
+            "env": env(spec, owner_name, role, domain),
+            "resources": resources(spec, pool),
+        }
     ports = [{"name": "http", "containerPort": L.ENGINE_PORT, "protocol": "TCP"}]
     if role != "worker":
         ports.append({"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"})
@@ -151,12 +179,15 @@ def container(
         ports.append({"name": "bootstrap", "containerPort": L.SGLANG_BOOTSTRAP_PORT, "protocol": "TCP"})
     ports.append({"name": L.KV_EVENTS_PORT_NAME, "containerPort": L.KV_EVENTS_PORT, "protocol": "TCP"})
     ports.append({"name": L.KV_REPLAY_PORT_NAME, "containerPort": L.KV_REPLAY_PORT, "protocol": "TCP"})
+    if rank == "leader":  # where the group's other ranks join the leader
+        port = L.SGLANG_DIST_PORT if spec.engine.kind == "sglang" else L.DP_RPC_PORT
+        ports.append({"name": "rank-join", "containerPort": port, "protocol": "TCP"})
     health = {"httpGet": {"path": "/health", "port": "http"}}
     drain = _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT)
     return {
         "name": "engine",
         "image": image_for(spec, own_image),
-        "command": command(spec, role, pool),
+        "command": command(spec, role, pool, rank),
         "env": env(spec, owner_name, role, domain),
         "ports": ports,
         "resources": resources(spec, pool),

@@ -119,6 +119,11 @@ def register(registry: kopf.OperatorRegistry, options: Options) -> None:
         kw["memo"].queue.add((kw["namespace"], kw["labels"][L.DEPLOYMENT]))
 
     selector: dict[str, Any] = {L.MANAGED_BY: L.MANAGER, L.DEPLOYMENT: kopf.PRESENT}
-    for plural in ("statefulsets", "deployments"):
-        on_child = kopf.on.event("apps", "v1", plural, labels=selector, registry=registry, id=f"child-{plural}")
+    children = [
+        ("apps", "v1", "statefulsets"),
+        ("apps", "v1", "deployments"),
+        (L.LWS_GROUP, L.LWS_VERSION, L.LWS_PLURAL),
+    ]
+    for group, version, plural in children:  # Kopf waits for the LeaderWorkerSet API when it is not installed
+        on_child = kopf.on.event(group, version, plural, labels=selector, registry=registry, id=f"child-{plural}")
         on_child(child_event)

@@ -21,6 +21,7 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
 from xpyd_api import labels as L
+from xpyd_operator import groups
 from xpyd_operator.desired import Observed
 from xpyd_operator.meta import Owner
 from xpyd_operator.opmetrics import write
@@ -30,6 +31,7 @@ from xpyd_perf import Topology
 DD = create_namespaced_resource(L.GROUP, L.VERSION, L.KIND, L.PLURAL)
 ComputeDomain = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
 COMPUTE_DOMAIN_CRD = "computedomains.resource.nvidia.com"
+LeaderWorkerSet = create_namespaced_resource(L.LWS_GROUP, L.LWS_VERSION, groups.KIND, L.LWS_PLURAL)
 KINDS: dict[str, Any] = {
     "StatefulSet": StatefulSet,
     "Deployment": Deployment,
@@ -39,6 +41,7 @@ KINDS: dict[str, Any] = {
     "Role": Role,
     "RoleBinding": RoleBinding,
     "ComputeDomain": ComputeDomain,
+    groups.KIND: LeaderWorkerSet,
 }
 _CRD_TTL = 60.0
 _NODES_TTL = 5.0
@@ -84,15 +87,16 @@ def pod_info(pod: dict[str, Any]) -> PodInfo | None:
     return PodInfo(spec["nodeName"], pod_gpus(spec), owner, lab.get(L.NVLINK_DOMAIN_LABEL))
 
 
-def reservation(sts: dict[str, Any]) -> Reservation | None:
-    meta, spec = sts["metadata"], sts.get("spec") or {}
-    template = spec.get("template") or {}
+def reservation(workload: dict[str, Any]) -> Reservation | None:
+    """GPUs a StatefulSet or LeaderWorkerSet of ours pins to a clique: replicas x pods per replica x GPUs per pod."""
+    meta, spec = workload["metadata"], workload.get("spec") or {}
+    template = groups.api_template(workload)
     clique = ((template.get("metadata") or {}).get("labels") or {}).get(L.NVLINK_DOMAIN_LABEL)
     name = (meta.get("labels") or {}).get(L.DEPLOYMENT)
     if not clique or not name:
         return None
-    gpus = int(spec.get("replicas") or 0) * pod_gpus(template.get("spec") or {})
-    return Reservation(f"{meta.get('namespace')}/{name}", clique, gpus)
+    pods = int(spec.get("replicas") or 0) * groups.pods_per_replica(workload)
+    return Reservation(f"{meta.get('namespace')}/{name}", clique, pods * pod_gpus(template.get("spec") or {}))
 
 
 class Kube:
@@ -100,7 +104,7 @@ class Kube:
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
-        self._crd_cache: tuple[float, bool] | None = None
+        self._crds: dict[str, tuple[float, bool]] = {}
         self._nodes: tuple[float, list[NodeInfo]] | None = None
         self.instance = socket.gethostname()
 
@@ -115,18 +119,23 @@ class Kube:
     async def list_dds(self, namespace: str) -> list[dict[str, Any]]:
         return [as_dict(o) async for o in self.client.list(DD, namespace=namespace)]
 
-    async def compute_domain_crd(self) -> bool:
+    async def has_crd(self, name: str) -> bool:
+        """Whether a CustomResourceDefinition is installed, re-read at most once a minute."""
         now = time.monotonic()
-        if self._crd_cache is None or now - self._crd_cache[0] > _CRD_TTL:
+        cached = self._crds.get(name)
+        if cached is None or now - cached[0] > _CRD_TTL:
             try:
-                await self.client.get(CustomResourceDefinition, COMPUTE_DOMAIN_CRD)
+                await self.client.get(CustomResourceDefinition, name)
                 found = True
             except ApiError as exc:
                 if exc.status.code != 404:
                     raise
                 found = False
-            self._crd_cache = (now, found)
-        return self._crd_cache[1]
+            cached = self._crds[name] = (now, found)
+        return cached[1]
+
+    async def compute_domain_crd(self) -> bool:
+        return await self.has_crd(COMPUTE_DOMAIN_CRD)
 
     async def nodes(self) -> list[NodeInfo]:
         """Nodes' labels and allocatable GPUs, re-read at most every few seconds (they rarely change)."""
@@ -137,10 +146,13 @@ class Kube:
 
     async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
         wants_cd = topology is not None and topology.compute_domain
-        obs = Observed(compute_domain_crd=await self.compute_domain_crd() if wants_cd else False)
+        obs = Observed(
+            compute_domain_crd=await self.compute_domain_crd() if wants_cd else False,
+            lws_crd=await self.has_crd(groups.CRD),
+        )
         selector: dict[str, Any] = {L.DEPLOYMENT: owner.name, L.MANAGED_BY: L.MANAGER}
         for kind, res in KINDS.items():
-            if kind == "ComputeDomain" and not obs.compute_domain_crd:
+            if (kind == "ComputeDomain" and not obs.compute_domain_crd) or (kind == groups.KIND and not obs.lws_crd):
                 continue
             async for item in self.client.list(res, namespace=owner.namespace, labels=selector):
                 obj = as_dict(item)
@@ -156,6 +168,9 @@ class Kube:
             obs.pods = [p for p in infos if p is not None and p.gpus > 0]
             ours: dict[str, Any] = {L.MANAGED_BY: L.MANAGER}
             sets = [reservation(as_dict(s)) async for s in self.client.list(StatefulSet, namespace="*", labels=ours)]
+            if obs.lws_crd:
+                lws = self.client.list(LeaderWorkerSet, namespace="*", labels=ours)
+                sets += [reservation(as_dict(s)) async for s in lws]
             obs.reservations = [r for r in sets if r is not None]
         return obs
 

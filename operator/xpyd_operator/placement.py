@@ -40,10 +40,15 @@ class Demand:
     replicas: int
     gpus_per_replica: int
     tp: int
+    pods_per_replica: int = 1  # > 1: a LeaderWorkerSet group of whole nodes
 
     @property
     def gpus(self) -> int:
         return self.replicas * self.gpus_per_replica
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return self.gpus_per_replica // max(1, self.pods_per_replica)
 
 
 @dataclass(frozen=True)
@@ -71,14 +76,35 @@ def unschedulable_reason(nodes: Iterable[NodeInfo], topology: Topology | None, d
     """Why no node can ever hold one replica of some pool, or None when every pool fits somewhere."""
     pool = eligible(nodes, topology)
     biggest = max((n.gpus for n in pool), default=0)
+    where = f"{topology.name} nodes" if topology is not None else "nodes"
     for d in demands:
-        if d.gpus_per_replica > biggest:
-            where = f"{topology.name} nodes" if topology is not None else "nodes"
+        if d.gpus_per_pod > biggest:
             return (
                 f"{d.role}.gpusPerReplica={d.gpus_per_replica} fits no node: the largest of "
                 f"{len(pool)} schedulable {where} has {biggest} allocatable GPUs"
             )
+        if d.pods_per_replica > 1:
+            room = _group_room(pool, d.gpus_per_pod, topology)
+            if room < d.pods_per_replica:
+                rack = topology is not None and topology.nvlink_domain == "clique"
+                scope = "one NVLink clique" if rack else "the cluster"
+                return (
+                    f"{d.role}.gpusPerReplica={d.gpus_per_replica} spans {d.pods_per_replica} nodes of "
+                    f"{d.gpus_per_pod} GPUs, but {scope} has only {room} such schedulable {where}"
+                )
     return None
+
+
+def _group_room(pool: list[NodeInfo], gpus_per_pod: int, topology: Topology | None) -> int:
+    """How many pods of one group can land together: in the largest clique on rack-scale systems."""
+    big = [n for n in pool if n.gpus >= gpus_per_pod]
+    if topology is None or topology.nvlink_domain != "clique":
+        return len(big)
+    per_clique: dict[str, int] = {}
+    for n in big:
+        clique = n.labels.get(labels.GPU_CLIQUE, "")
+        per_clique[clique] = per_clique.get(clique, 0) + 1
+    return max(per_clique.values(), default=0)
 
 
 def free_by_clique(
@@ -136,7 +162,9 @@ def place_in_cliques(
         pick = here if here is not None and room.get(here, -1) >= d.gpus else _best_fit(room, d.gpus)
         pins[d.role] = pick
         if pick is None:
-            notes.append(f"{d.role} ({d.gpus} GPUs) fits no single rack and spreads over {topology.gpu.name} nodes")
+            each = "; each group stays inside one clique" if d.pods_per_replica > 1 else ""
+            spread = f"fits no single rack and spreads over {topology.gpu.name} nodes{each}"
+            notes.append(f"{d.role} ({d.gpus} GPUs) {spread}")
         else:
             room[pick] -= d.gpus
             notes.append(f"{d.role} ({d.gpus} GPUs) in clique {pick}")
@@ -163,6 +191,10 @@ def place(
             sizes = ",".join(f"{role} tp={tp}" for role, tp in sorted(tps.items()))
             msg = f"tensor-parallel sizes differ ({sizes}): KV handoff slices leave their rail"
             return Placement(sel, pins, False, "TensorParallelMismatch", msg, "RDMA")
+        wide = [d for d in demands if d.pods_per_replica > 1]
         msg = f"replicas stay within one {topology.gpu.name} node; the KV handoff crosses the node's NICs rail by rail"
+        if wide:
+            spans = ", ".join(f"{d.role} {d.pods_per_replica} nodes" for d in wide)
+            msg = f"multi-node replicas ({spans}) on {topology.gpu.name} nodes; KV handoffs cross NICs rail by rail"
         return Placement(sel, pins, True, "OneNodePerReplica", msg, "Local" if single else "RDMA")
     return Placement(sel, pins, True, "NoTopology", "topology Any pins nothing", "Local" if single else "Unknown")

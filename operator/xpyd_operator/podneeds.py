@@ -28,6 +28,16 @@ VLLM_EXPERT_PARALLEL_ENV: Final = (
     ("VLLM_RANDOMIZE_DP_DUMMY_INPUTS", "1"),
     ("VLLM_SKIP_P2P_CHECK", "1"),
 )
+# A replica whose ranks span pods bootstraps NCCL, Gloo and NVSHMEM over the pod's own interface
+# (llm-d wide-ep-lws, SGLang's LWS example, Dynamo's GB200 recipe).
+MULTI_NODE_ENV: Final = (
+    ("NCCL_SOCKET_IFNAME", "eth0"),
+    ("GLOO_SOCKET_IFNAME", "eth0"),
+    ("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "eth0"),
+)
+# Wide expert parallelism across nodes without multi-node NVLink: DeepEP's all-to-all goes over the
+# RDMA NICs by GPU-initiated transfers (InfiniBand GPUDirect Async).
+IBGDA_ENV: Final = (("NVSHMEM_REMOTE_TRANSPORT", "ibgda"), ("NVSHMEM_IB_ENABLE_IBGDA", "1"))
 
 
 def fabric(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> FabricParts:
@@ -35,7 +45,8 @@ def fabric(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> FabricParts:
     network = spec.network
     if network is None:
         return FabricParts()
-    base = fabrics.PROFILES[network.profile].parts(pool.gpus_per_replica, network.devices_per_gpu)
+    gpus = pool.layout(spec.topology.hardware).gpus_per_pod
+    base = fabrics.PROFILES[network.profile].parts(gpus, network.devices_per_gpu)
     caps = tuple(sorted({*base.capabilities, *network.capabilities}))
     return FabricParts(
         {**base.resources, **network.resources},
@@ -90,6 +101,10 @@ def env_pairs(
         pairs += list(topology.mnnvl_env)
     if pool.expert_parallel and spec.engine.kind != "sglang":
         pairs += list(VLLM_EXPERT_PARALLEL_ENV)
+    if pool.layout(topology).multi_node:
+        pairs += list(MULTI_NODE_ENV)
+        if pool.expert_parallel and not mnnvl:
+            pairs += list(IBGDA_ENV)
     out += [{"name": k, "value": v} for k, v in pairs]
     return out
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_operator import engine, podneeds, podsecurity, rollout
+from xpyd_operator import engine, groups, podneeds, podsecurity, rollout
+from xpyd_operator.engine_ranks import Rank
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
 CHANNEL_CLAIM = "imex-channel"
@@ -34,11 +35,13 @@ def pod_template(
     clique: str | None,
     compute_domain: bool,
     own_image: str,
+    rank: Rank | None = None,
 ) -> dict[str, Any]:
+    """The pod template of a pool; `rank` picks the leader or worker template of a multi-node replica."""
     pod_labels = labels_for(owner, role)
     if clique is not None:
         pod_labels[L.NVLINK_DOMAIN_LABEL] = clique
-    main = engine.container(spec, owner.name, role, pool, clique, own_image)
+    main = engine.container(spec, owner.name, role, pool, clique, own_image, rank)
     pod_labels[L.ENGINE_REV] = rollout.engine_rev(main["image"], spec.engine.kv_connector)
     main["securityContext"] = podsecurity.engine_container_context(spec, main["resources"].get("requests", {}))
     pod: dict[str, Any] = {
@@ -57,12 +60,15 @@ def pod_template(
         pod["nodeSelector"] = dict(node_selector)
     if (affinity := _affinity(clique)) is not None:
         pod["affinity"] = affinity
-    if pool.gpus_per_replica > 0:
-        pod["tolerations"] = [dict(GPU_TOLERATION)]
-    if compute_domain and clique is not None:
+    if compute_domain and clique is not None:  # every pod of a multi-node group holds the rack's IMEX channel
         template = f"{compute_domain_name(owner)}-channel"
         pod["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": template}]
         main["resources"]["claims"] = [{"name": CHANNEL_CLAIM}]
+    if pool.gpus_per_replica > 0:
+        pod["tolerations"] = [dict(GPU_TOLERATION)]
+    if rank == "worker":  # serves no API: nothing to scrape
+        bare = {"metadata": {"labels": pod_labels}, "spec": pod}
+        return podneeds.dress(bare, spec, pool, compute_domain and clique is not None)
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(L.ENGINE_PORT),
@@ -99,6 +105,26 @@ def statefulset(
         "metadata": metadata_for(owner, name, role),
         "spec": body,
     }
+
+
+def workload(
+    owner: Owner,
+    spec: DisaggregatedDeploymentSpec,
+    role: str,
+    pool: PoolSpec,
+    node_selector: dict[str, str],
+    clique: str | None,
+    compute_domain: bool,
+    own_image: str,
+) -> dict[str, Any]:
+    """A pool's workload: a StatefulSet of one-pod replicas, or a LeaderWorkerSet of multi-node groups."""
+    if not pool.layout(spec.topology.hardware).multi_node:
+        return statefulset(owner, spec, role, pool, node_selector, clique, compute_domain, own_image)
+    leader, worker = (
+        pod_template(owner, spec, role, pool, node_selector, clique, compute_domain, own_image, rank)
+        for rank in ("leader", "worker")
+    )
+    return groups.leaderworkerset(owner, spec, role, pool, leader, worker, clique)
 
 
 def headless_service(owner: Owner, role: str) -> dict[str, Any]:

@@ -13,12 +13,20 @@ from xpyd_api import conditions as C
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 from xpyd_api.podmodels import NetworkSpec
 from xpyd_operator import opmetrics, rollout, statuscalc
-from xpyd_operator.desired import Desired, Observed, autoscaled, desire, needs_apply, obsolete, with_defaults
+from xpyd_operator.desired import (
+    WORKLOADS,
+    Desired,
+    Observed,
+    autoscaled,
+    desire,
+    needs_apply,
+    obsolete,
+    with_defaults,
+)
 from xpyd_operator.meta import Owner, child_name, default_own_image
 from xpyd_perf import Topology
 
 log = logging.getLogger("xpyd.operator")
-_WORKLOADS = {"StatefulSet", "Deployment"}
 _EVENT_TYPES = (C.READY, C.TOPOLOGY_SATISFIED, C.DISAGGREGATION_WORTHWHILE, C.COMPUTE_DOMAIN)
 
 
@@ -119,10 +127,10 @@ class Reconciler:
             wanted = {_key(m): m for m in desired.children}
             first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
             if rollout.held_back(wanted, observed.children, first, then):
-                todo = [m for m in todo if _key(m) != ("StatefulSet", then)]  # prefill waits for decode
+                todo = [m for m in todo if _key(m)[1] != then or m["kind"] not in WORKLOADS]  # prefill waits for decode
             # Supporting objects first, then the workloads that use them; each phase in parallel.
             for phase in (False, True):
-                batch = [m for m in todo if (m["kind"] in _WORKLOADS) is phase]
+                batch = [m for m in todo if (m["kind"] in WORKLOADS) is phase]
                 for manifest, result in zip(batch, await asyncio.gather(*map(self.kube.apply, batch)), strict=True):
                     observed.children[_key(manifest)] = result
                     applied.append("/".join(_key(manifest)))

@@ -14,6 +14,7 @@ import hashlib
 from typing import Any
 
 from xpyd_api import labels as L
+from xpyd_operator import groups
 
 FIRST, THEN = "decode", "prefill"  # the order pools take a new engine revision
 
@@ -23,27 +24,19 @@ def engine_rev(image: str, connector: str | None) -> str:
     return hashlib.sha256(f"{image}|{connector or ''}".encode()).hexdigest()[:10]
 
 
-def _template_rev(sts: dict[str, Any] | None) -> str | None:
-    if sts is None:
+def _template_rev(workload: dict[str, Any] | None) -> str | None:
+    if workload is None:
         return None
-    meta = sts.get("spec", {}).get("template", {}).get("metadata", {})
+    meta = groups.api_template(workload).get("metadata", {})
     rev = (meta.get("labels") or {}).get(L.ENGINE_REV)
     return str(rev) if rev is not None else None
 
 
-def rolled_out(sts: dict[str, Any] | None, rev: str | None) -> bool:
-    """Every replica of the observed StatefulSet runs template revision `rev` and is ready."""
-    if sts is None or _template_rev(sts) != rev:
+def rolled_out(workload: dict[str, Any] | None, rev: str | None) -> bool:
+    """Every replica of the observed workload runs template revision `rev` and is ready."""
+    if workload is None or _template_rev(workload) != rev:
         return False
-    status, want = sts.get("status", {}), sts.get("spec", {}).get("replicas") or 0
-    caught_up = status.get("observedGeneration") == sts.get("metadata", {}).get("generation")
-    same_revision = status.get("currentRevision") == status.get("updateRevision")
-    return bool(
-        caught_up
-        and same_revision
-        and (status.get("updatedReplicas") or 0) >= want
-        and (status.get("readyReplicas") or 0) >= want
-    )
+    return groups.rolled(workload)[1]
 
 
 def held_back(
@@ -52,21 +45,20 @@ def held_back(
     first: str,
     then: str,
 ) -> bool:
-    """Whether the `then` StatefulSet's new engine revision must wait for `first` to finish rolling.
+    """Whether the `then` pool's new engine revision must wait for `first` to finish rolling.
 
-    `first` and `then` are the StatefulSet names of the decode and prefill pools.
+    `first` and `then` are the workload names (StatefulSet or LeaderWorkerSet) of the decode and prefill pools.
     """
-    want_then = desired.get(("StatefulSet", then))
-    have_then = observed.get(("StatefulSet", then))
+    want_then, have_then = groups.by_name(desired, then), groups.by_name(observed, then)
     if want_then is None or have_then is None:
         return False  # a new pool has nothing to stay compatible with
     new_rev = _template_rev(want_then)
     if new_rev == _template_rev(have_then):
         return False  # not an engine change (a resize or another edit): apply as usual
-    want_first = desired.get(("StatefulSet", first))
+    want_first = groups.by_name(desired, first)
     if want_first is None:
         return False
-    return not rolled_out(observed.get(("StatefulSet", first)), _template_rev(want_first))
+    return not rolled_out(groups.by_name(observed, first), _template_rev(want_first))
 
 
 def serving_revisions(pods: list[dict[str, Any]], role: str) -> dict[str, int]:

@@ -103,14 +103,15 @@ def replica_fit_of(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> Fit | N
     if flags.fp8_kv_cache:
         per_token = max(1, per_token // 2)
     return replica_fit(
-        model, topology.gpu, pool.tp, pool.data_parallel_size, pool.expert_parallel, flags.max_model_len,
-        per_token, flags.memory_utilization,
+        model, topology.gpu, pool.tp * pool.pipeline_parallel_size, pool.data_parallel_size, pool.expert_parallel,
+        flags.max_model_len, per_token, flags.memory_utilization,
     )  # fmt: skip
 
 
 def shm_size(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> str:
-    """/dev/shm: spec.engine.sharedMemorySize, else 2Gi per GPU and at least 8Gi."""
-    return spec.engine.shared_memory_size or f"{max(SHM_MIN_GI, SHM_PER_GPU_GI * pool.gpus_per_replica)}Gi"
+    """/dev/shm: spec.engine.sharedMemorySize, else 2Gi per GPU of the pod and at least 8Gi."""
+    gpus = pool.layout(spec.topology.hardware).gpus_per_pod
+    return spec.engine.shared_memory_size or f"{max(SHM_MIN_GI, SHM_PER_GPU_GI * gpus)}Gi"
 
 
 def startup_seconds(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> int:

@@ -11,16 +11,19 @@ from xpyd_api.models import (
     DisaggregatedDeploymentStatus,
     PoolStatus,
 )
-from xpyd_operator import rollout
+from xpyd_operator import groups, rollout
 from xpyd_operator.desired import Desired, Observed
 from xpyd_operator.meta import Owner, child_name
 
 
-def pool_status(observed: Observed, owner: Owner, role: str, kind: str = "StatefulSet") -> PoolStatus:
-    obj = observed.children.get((kind, child_name(owner, role))) or {}
+def pool_status(observed: Observed, owner: Owner, role: str, kind: str | None = None) -> PoolStatus:
+    """Replicas (groups, for a multi-node pool) wanted and ready, from the pool's workload."""
+    name = child_name(owner, role)
+    obj = (observed.children.get((kind, name)) if kind else groups.by_name(observed.children, name)) or {}
     want = obj.get("spec", {}).get("replicas")
     ready = obj.get("status", {}).get("readyReplicas") or 0
-    return PoolStatus(replicas=int(want if want is not None else 0), ready_replicas=int(ready))
+    pods = groups.pods_per_replica(obj) if obj.get("kind") == groups.KIND else None
+    return PoolStatus(replicas=int(want if want is not None else 0), ready_replicas=int(ready), pods_per_replica=pods)
 
 
 def xpyd_label(pools: dict[str, PoolStatus]) -> str:
@@ -29,19 +32,19 @@ def xpyd_label(pools: dict[str, PoolStatus]) -> str:
     return f"{pools['prefill'].replicas}P{pools['decode'].replicas}D"
 
 
+def layout_label(spec: DisaggregatedDeploymentSpec) -> str:
+    """Pods x GPUs of one replica per pool, e.g. 'P 4x8 GPUs, D 2x8 GPUs' (kubectl get dd's Layout column)."""
+    short = {"prefill": "P", "decode": "D", "worker": "C"}
+    parts = [f"{short[role]} {lay.pods}x{lay.gpus_per_pod} GPUs" for role, lay in spec.layouts().items()]
+    return ", ".join(parts)
+
+
 def _rolling(observed: Observed, owner: Owner, roles: list[str]) -> list[str]:
     """Pools (and the router) whose controller has not caught up with their latest spec."""
     out = []
-    for kind, role in [("StatefulSet", r) for r in roles] + [("Deployment", "router")]:
-        obj = observed.children.get((kind, child_name(owner, role)))
-        if obj is None:
-            out.append(role)
-            continue
-        st, gen = obj.get("status", {}), obj.get("metadata", {}).get("generation")
-        want = obj.get("spec", {}).get("replicas") or 0
-        behind = st.get("observedGeneration") != gen or (st.get("updatedReplicas") or 0) < want
-        revising = kind == "StatefulSet" and st.get("currentRevision") != st.get("updateRevision")
-        if behind or revising:
+    named = [(r, groups.find(observed.children, owner, r)) for r in roles]
+    for role, obj in [*named, ("router", observed.children.get(("Deployment", child_name(owner, "router"))))]:
+        if obj is None or not groups.rolled(obj)[0]:
             out.append(role)
     return out
 
@@ -140,6 +143,7 @@ def compute(
         {
             "observed_generation": generation,
             "xpyd": xpyd_label(pools),
+            "layout": layout_label(spec),
             **pools,
             "router": router,
             "placement": placement,

@@ -31,6 +31,7 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "roles"): OWN,
     ("rbac.authorization.k8s.io", "rolebindings"): OWN,
     ("resource.nvidia.com", "computedomains"): OWN,
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): OWN,
     ("", "pods"): READ,
     ("discovery.k8s.io", "endpointslices"): READ,
     ("", "events"): ("create",),
@@ -43,6 +44,7 @@ CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
 CLUSTER_WORKLOAD_READS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "pods"): READ,
     ("apps", "statefulsets"): READ,
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): READ,
 }
 
 

@@ -82,7 +82,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("render: missing file", ["render", "nosuch.yaml"], "nosuch.yaml does not exist"),
     ("render: not YAML", ["render", "{tmp}/garbage.yaml"], "not valid YAML at line 2"),
     ("render: no deployment", ["render", "{tmp}/cm.yaml"], "no DisaggregatedDeployment in the file"),
-    ("render: schema", ["render", "{tmp}/dd.yaml", "--topology", "HGX-B200"], "must be <= 8 on HGX-B200"),
+    ("render: schema", ["render", "{tmp}/dd.yaml", "--topology", "HGX-B200"], "multiple of 8 on HGX-B200"),
     ("render: does not fit", ["render", "{tmp}/dd.yaml"], "(Ready=False, ReplicaDoesNotFit): prefill: deepseek-v3"),
     ("render: bad topology", ["render", "{tmp}/dd.yaml", "--topology", "TPU"], "--topology must be one of"),
     ("render: bad network", ["render", "{tmp}/dd.yaml", "--default-network", "Slingshot"], "--default-network"),

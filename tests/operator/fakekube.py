@@ -62,13 +62,16 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.fail_next_apply = 0
         self.compute_domain_crd = False
+        self.lws_crd = False
 
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.dd)
 
     async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
         children = copy.deepcopy(self.objects)
-        return Observed(nodes=list(self.nodes), children=children, compute_domain_crd=self.compute_domain_crd)
+        return Observed(
+            nodes=list(self.nodes), children=children, compute_domain_crd=self.compute_domain_crd, lws_crd=self.lws_crd
+        )
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         if self.fail_next_apply:
@@ -94,8 +97,12 @@ class FakeKube:
         self.events.append((type_, reason, message))
 
     def settle(self) -> None:
-        """Play the controllers: every StatefulSet and Deployment rolled out and ready."""
+        """Play the controllers: every StatefulSet, LeaderWorkerSet and Deployment rolled out and ready."""
         for (kind, _), obj in self.objects.items():
+            if kind == "LeaderWorkerSet":
+                n = obj["spec"].get("replicas", 1)
+                obj["spec"].setdefault("replicas", n)
+                obj["status"] = {"replicas": n, "readyReplicas": n, "updatedReplicas": n, "conditions": []}
             if kind in {"StatefulSet", "Deployment"}:
                 n = obj["spec"].get("replicas", 1)
                 obj["spec"].setdefault("replicas", n)

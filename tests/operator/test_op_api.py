@@ -38,7 +38,15 @@ def test_defaults_fill_engine_topology_router() -> None:
         ({"mode": "Colocated"}, "Colocated mode takes exactly one pool"),
         ({"decode": None}, "Disaggregated mode takes spec.prefill and spec.decode"),
         ({"worker": {"replicas": 1}}, "Disaggregated mode takes"),
-        ({"topology": {"kind": "HGX-B200"}, "prefill": {"gpusPerReplica": 16}}, "must be <= 8 on HGX-B200"),
+        ({"topology": {"kind": "HGX-B200"}, "prefill": {"gpusPerReplica": 12}}, "multiple of 8 on HGX-B200"),
+        ({"topology": {"kind": "GB200-NVL72"}, "prefill": {"gpusPerReplica": 6}}, "multiple of 4 on GB200-NVL72"),
+        ({"topology": {"kind": "GB200-NVL72"}, "prefill": {"gpusPerReplica": 76}}, "must be <= 72 on GB200-NVL72"),
+        (
+            {"topology": {"kind": "HGX-B200"}, "prefill": {"gpusPerReplica": 32, "dataParallelSize": 2}},
+            "a data-parallel rank never spans nodes",
+        ),
+        ({"prefill": {"gpusPerReplica": 8, "dataParallelSize": 2, "pipelineParallelSize": 2}}, "cannot both"),
+        ({"prefill": {"gpusPerReplica": 8, "pipelineParallelSize": 3}}, "multiple of dataParallelSize x pipeline"),
         ({"prefill": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "minReplicas (5) must be <="),
         ({"prefill": {"replicas": 9, "autoscaling": {"maxReplicas": 4}}}, "within autoscaling bounds"),
         ({"engine": {"kind": "tgi"}}, "Input should be 'vllm', 'sglang' or 'emulator'"),
@@ -92,7 +100,7 @@ def test_crd_schema_is_structural() -> None:
     assert version["subresources"] == {"status": {}}
     assert crd["spec"]["names"]["shortNames"] == ["dd", "xpyd"]
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["XPYD", "Ready", "Topology", "Age"]
+    assert columns == ["XPYD", "Ready", "Topology", "Layout", "Age"]
 
 
 def test_crd_carries_cel_rules_with_field_paths() -> None:

@@ -46,8 +46,8 @@ def test_tensor_parallel_defaults_to_the_gpus_over_data_parallel(pool: dict[str,
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
-        ({"decode": {"gpusPerReplica": 8, "tensorParallelSize": 4}}, "(4 x 1) is the engine's world size"),
-        ({"decode": {"gpusPerReplica": 8, "dataParallelSize": 3}}, "must be a multiple of dataParallelSize (3)"),
+        ({"decode": {"gpusPerReplica": 8, "tensorParallelSize": 4}}, "(4 x 1 x 1) is the engine's world size"),
+        ({"decode": {"gpusPerReplica": 8, "dataParallelSize": 3}}, "x pipelineParallelSize (3)"),
         ({"model": {"name": "m", "cache": {}}}, "exactly one of persistentVolumeClaim"),
         ({"model": {"name": "m", "cache": {"hostPath": {"path": "/a"}, "emptyDir": {}}}}, "exactly one of"),
         ({"model": {"name": "m", "cache": {"hostPath": {"path": "relative"}}}}, "should match pattern"),
@@ -96,9 +96,15 @@ def _crd_spec() -> dict[str, Any]:
 def test_crd_mirrors_the_rules_in_cel() -> None:
     spec = _crd_spec()["properties"]
     pool_rules = " ".join(r["rule"] for r in spec["prefill"]["x-kubernetes-validations"])
-    assert "self.tensorParallelSize * self.dataParallelSize == self.gpusPerReplica" in pool_rules
-    assert "self.gpusPerReplica % self.dataParallelSize == 0" in pool_rules
-    assert spec["prefill"]["properties"]["dataParallelSize"]["default"] == 1, "the CEL rule reads it unset"
+    assert "self.tensorParallelSize * self.pipelineParallelSize * self.dataParallelSize == self.gpusPerReplica" in (
+        pool_rules
+    )
+    assert "self.gpusPerReplica % (self.dataParallelSize * self.pipelineParallelSize) == 0" in pool_rules
+    for field in ("dataParallelSize", "pipelineParallelSize"):
+        assert spec["prefill"]["properties"][field]["default"] == 1, f"the CEL rules read {field} unset"
+    layout_rules = " ".join(r["rule"] for r in _crd_spec()["x-kubernetes-validations"])
+    assert "self.prefill.gpusPerReplica <= 8 || self.prefill.gpusPerReplica % 8 == 0" in layout_rules
+    assert "self.decode.gpusPerReplica <= 72" in layout_rules
     cache = spec["model"]["properties"]["cache"]
     assert "has(self.persistentVolumeClaim)" in cache["x-kubernetes-validations"][0]["rule"]
     network = spec["network"]

@@ -137,9 +137,10 @@ async def test_hand_deleted_child_is_recreated() -> None:
     ("patch", "reason"),
     [
         ({"model": {"name": "acme/mystery-7b"}}, "UnknownModel"),
+        ({"prefill": {"replicas": 1, "gpusPerReplica": 16}, "topology": {"kind": "Any"}}, "Unschedulable"),
         (
             {"prefill": {"replicas": 1, "gpusPerReplica": 8}, "topology": {"kind": "GB200-NVL72"}},
-            "Unschedulable",
+            "LeaderWorkerSetMissing",
         ),
         ({"prefill": {"replicas": 1, "gpusPerReplica": 99}}, "InvalidSpec"),
     ],

@@ -96,9 +96,10 @@ def test_progressing_while_a_pool_rolls() -> None:
     ("overrides", "reason"),
     [
         ({"model": {"name": "acme/unknown-13b"}}, "UnknownModel"),
+        ({"prefill": {"replicas": 1, "gpusPerReplica": 16}, "topology": {"kind": "Any"}}, "Unschedulable"),
         (
             {"prefill": {"replicas": 1, "gpusPerReplica": 8}, "topology": {"kind": "GB200-NVL72"}},
-            "Unschedulable",
+            "LeaderWorkerSetMissing",
         ),
     ],
 )

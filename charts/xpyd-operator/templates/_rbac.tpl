@@ -28,6 +28,10 @@ calls; docs/architecture.md lists why each rule exists. No Secrets, no ConfigMap
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Multi-node replicas: one LeaderWorkerSet group of pods per replica (the operator writes replicas).
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Read-only: pod readiness and placement for status. Each router's Role grants pods and
 # endpointslices reads, and RBAC forbids granting what the granter does not hold.
 - apiGroups: [""]
@@ -62,5 +66,8 @@ StatefulSet holds on each rack, in all namespaces (read-only). Cluster mode has 
   verbs: ["get", "list", "watch"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch"]
 {{- end -}}
