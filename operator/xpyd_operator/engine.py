@@ -92,7 +92,7 @@ def command(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec, rank: 
     else:
         argv = _vllm_argv(spec, role, pool)
         if rank is not None:
-            group = engine_ranks.vllm_flags(layout, role, rank)
+            group = engine_ranks.vllm_flags(layout, rank)
         if spec.engine.kind == "emulator":
             argv = ["xpyd", "emulate", "--", *argv]
     tail = ["--kv-events-config", KV_EVENTS_CONFIG, *spec.engine.args, *pool.args]

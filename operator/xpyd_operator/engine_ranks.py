@@ -8,7 +8,8 @@ LWS_GROUP_SIZE and LWS_WORKER_INDEX (DESIGN.md section 11, REFERENCES.md (b)/(c)
   rank index x local ranks. Tensor/pipeline parallel across nodes: `--nnodes`, `--node-rank`,
   `--master-addr`, `--master-port`, non-leaders `--headless`.
 - SGLang: `--nnodes`, `--node-rank`, `--dist-init-addr leader:port`; only node rank 0 serves HTTP.
-- Wide expert parallel picks the MoE all-to-all kernel by role: throughput for prefill, latency for decode.
+- Wide expert parallel picks the MoE all-to-all kernel by role: throughput for prefill, latency for decode
+  (SGLang: flags here; vLLM v0.11: the VLLM_ALL2ALL_BACKEND environment, see podneeds).
 The start rank needs arithmetic at run time, so a multi-node container runs `/bin/sh -c 'exec ...'`.
 """
 
@@ -24,7 +25,6 @@ from xpyd_api.layout import ReplicaLayout
 Rank = Literal["leader", "worker"]
 LEADER_ADDRESS: Final = "${" + L.ENV_LWS_LEADER_ADDRESS + "}"
 WORKER_INDEX: Final = "${" + L.ENV_LWS_WORKER_INDEX + ":-0}"
-VLLM_ALL2ALL: Final = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
 SGLANG_DEEPEP_MODE: Final = {"prefill": "normal", "decode": "low_latency"}
 
 
@@ -38,7 +38,7 @@ class Raw:
 Word = str | Raw
 
 
-def vllm_flags(layout: ReplicaLayout, role: str, rank: Rank) -> list[Word]:
+def vllm_flags(layout: ReplicaLayout, rank: Rank) -> list[Word]:
     """vLLM's flags for one rank of a multi-node replica (appended to the pool's usual command line)."""
     out: list[Word]
     if layout.dp > 1:
@@ -52,8 +52,6 @@ def vllm_flags(layout: ReplicaLayout, role: str, rank: Rank) -> list[Word]:
         out += ["--master-port", str(L.DP_RPC_PORT)]
         if rank == "worker":
             out.append("--headless")
-    if layout.expert_parallel and role in VLLM_ALL2ALL:
-        out += ["--all2all-backend", VLLM_ALL2ALL[role]]
     return out
 
 

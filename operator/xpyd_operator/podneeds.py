@@ -28,6 +28,10 @@ VLLM_EXPERT_PARALLEL_ENV: Final = (
     ("VLLM_RANDOMIZE_DP_DUMMY_INPUTS", "1"),
     ("VLLM_SKIP_P2P_CHECK", "1"),
 )
+# vLLM v0.11's MoE all-to-all kernel for wide expert parallel, by role (llm-d wide-ep, REFERENCES.md (b)):
+# DeepEP's throughput kernels for prefill's large batches, its low-latency kernels for decode.
+VLLM_ALL2ALL_ENV: Final = "VLLM_ALL2ALL_BACKEND"
+VLLM_ALL2ALL: Final = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
 # A replica whose ranks span pods bootstraps NCCL, Gloo and NVSHMEM over the pod's own interface
 # (llm-d wide-ep-lws, SGLang's LWS example, Dynamo's GB200 recipe).
 MULTI_NODE_ENV: Final = (
@@ -83,7 +87,7 @@ def _cache(spec: DisaggregatedDeploymentSpec) -> tuple[dict[str, Any], dict[str,
 
 
 def env_pairs(
-    spec: DisaggregatedDeploymentSpec, pool: PoolSpec, parts: FabricParts, mnnvl: bool
+    spec: DisaggregatedDeploymentSpec, pool: PoolSpec, parts: FabricParts, mnnvl: bool, role: str = ""
 ) -> list[dict[str, Any]]:
     """The generated environment, in the order it is added."""
     out: list[dict[str, Any]] = []
@@ -101,6 +105,8 @@ def env_pairs(
         pairs += list(topology.mnnvl_env)
     if pool.expert_parallel and spec.engine.kind != "sglang":
         pairs += list(VLLM_EXPERT_PARALLEL_ENV)
+        if role in VLLM_ALL2ALL:
+            pairs.append((VLLM_ALL2ALL_ENV, VLLM_ALL2ALL[role]))
     if pool.layout(topology).multi_node:
         pairs += list(MULTI_NODE_ENV)
         if pool.expert_parallel and not mnnvl:
@@ -181,7 +187,8 @@ def dress(
     if (cache := _cache(spec)) is not None:
         pod["volumes"] = [*(pod.get("volumes") or []), cache[0]]
         main["volumeMounts"] = [*(main.get("volumeMounts") or []), cache[1]]
-    _add_env(main, env_pairs(spec, pool, parts, compute_domain and "resourceClaims" in pod))
+    role = template["metadata"]["labels"].get(L.ROLE, "")
+    _add_env(main, env_pairs(spec, pool, parts, compute_domain and "resourceClaims" in pod, role))
     _add_resources(main, parts.resources)
     _add_capabilities(main, parts.capabilities)
     if parts.annotations:

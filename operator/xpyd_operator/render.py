@@ -101,7 +101,7 @@ def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], li
         spec.topology.hardware, sum(d.gpus for d in wanted), max((d.gpus_per_replica for d in wanted), default=0),
         options.clique,
     )  # fmt: skip
-    observed = Observed(nodes=nodes, compute_domain_crd=options.compute_domain)
+    observed = Observed(nodes=nodes, compute_domain_crd=options.compute_domain, lws_crd=True)  # a cluster with LWS
     own = options.own_image or default_own_image()
     desired = desire(owner, spec, observed, own, options.router_image or own, options.pull_secrets)
     if desired.error is not None:

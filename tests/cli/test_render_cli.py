@@ -83,11 +83,13 @@ def test_nvl72_with_and_without_the_dra_driver(
 ) -> None:
     objects = _render(capsys, str(ROOT / "examples" / "deepseek-r1-gb200-nvl72.yaml"), "--clique", "uuid.3", *flag)
     assert any(o["kind"] == "ComputeDomain" for o in objects) is claims
-    pod = _sts(objects, "decode")["spec"]["template"]["spec"]
-    assert ("resourceClaims" in pod) is claims
-    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
-        "matchExpressions"
-    ][0]["values"] == ["uuid.3"]
+    decode = next(o for o in objects if o["kind"] == "LeaderWorkerSet" and o["metadata"]["name"].endswith("decode"))
+    lwt = decode["spec"]["leaderWorkerTemplate"]
+    for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):  # every pod of a group: channel and clique
+        pod = template["spec"]
+        assert ("resourceClaims" in pod) is claims
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == ["uuid.3"]
 
 
 def test_every_deployment_of_a_file_and_only_those(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

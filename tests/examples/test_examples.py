@@ -49,8 +49,11 @@ def test_example_validates_against_the_api(path: Path, doc: dict[str, Any]) -> N
     assert len(doc["metadata"]["name"]) <= 40
     topology = model.spec.topology.hardware
     for role, pool in model.spec.pools().items():
-        if topology is not None:
-            assert pool.gpus_per_replica <= topology.gpus_per_node, f"{path.name}: {role} replica must fit one node"
+        if topology is not None:  # one node, or whole nodes (a LeaderWorkerSet group) inside one NVLink domain
+            per_node = topology.gpus_per_node
+            whole = pool.gpus_per_replica <= per_node or pool.gpus_per_replica % per_node == 0
+            assert whole, f"{path.name}: {role} replica must fit one node or take whole nodes"
+            assert pool.gpus_per_replica <= topology.max_replica_gpus or topology.nvlink_domain == "node"
         if pool.autoscaling and pool.replicas is not None:
             assert pool.autoscaling.min_replicas <= pool.replicas <= pool.autoscaling.max_replicas
 

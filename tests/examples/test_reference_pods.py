@@ -4,6 +4,7 @@ engine needs (REFERENCES.md's checklist): one row per feature, checked on every 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,19 @@ def _env(pod: Pod) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in _engine(pod)["env"]}
 
 
+def _argv(pod: Pod) -> list[str]:
+    """The engine's command line; a multi-node rank's `/bin/sh -c 'exec ...'` split as the shell would."""
+    argv: list[str] = _engine(pod)["command"]
+    if argv[:2] == ["/bin/sh", "-c"]:
+        return shlex.split(argv[2])[1:]
+    return argv
+
+
+def _serves_api(pod: Pod) -> bool:
+    """The API pod of a replica: a StatefulSet's, or a LeaderWorkerSet group's leader (the others are headless)."""
+    return "--headless" not in _argv(pod)
+
+
 def _flag(argv: list[str], name: str, default: str) -> str:
     for i, token in enumerate(argv):
         if token == name:
@@ -79,8 +93,9 @@ def _volume(pod: Pod, mount_path: str) -> dict[str, Any]:
 
 def gpus_equal_world_size(pod: Pod, ref: Reference) -> None:  # all references: nvidia.com/gpu = TP x DP_local
     c = _engine(pod)
-    argv = c["command"]
-    world = int(_flag(argv, "--tensor-parallel-size", "1")) * int(_flag(argv, "--data-parallel-size", "1"))
+    argv = _argv(pod)
+    local = _flag(argv, "--data-parallel-size-local", _flag(argv, "--data-parallel-size", "1"))
+    world = int(_flag(argv, "--tensor-parallel-size", "1")) * int(local)
     assert c["resources"]["requests"][L.GPU_RESOURCE] == c["resources"]["limits"][L.GPU_RESOURCE] == str(world)
     assert ("--enable-expert-parallel" in argv) is ref.expert_parallel
 
@@ -114,8 +129,9 @@ def rdma_resource_and_capability(pod: Pod, ref: Reference) -> None:  # L-MS, D-A
 def side_channel_host(pod: Pod, ref: Reference) -> None:  # L-W, L-PD, L-MS; NixlConnector kv_both: all
     c = _engine(pod)
     assert _env(pod)[L.ENV_NIXL_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert {"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"} in c["ports"]
-    config = json.loads(_flag(c["command"], "--kv-transfer-config", "{}"))
+    if _serves_api(pod):
+        assert {"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"} in c["ports"]
+    config = json.loads(_flag(_argv(pod), "--kv-transfer-config", "{}"))
     assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == "kv_both"
 
 
@@ -132,6 +148,9 @@ def topology_environment(pod: Pod, ref: Reference) -> None:  # sockets: L-W, L-S
 
 def probes_sized_for_a_large_model(pod: Pod, ref: Reference) -> None:  # L-W 1 s x 2700, D-GB 10 s x 600
     c = _engine(pod)
+    if not _serves_api(pod):  # a headless rank: its group's leader fails its probes when it dies
+        assert "startupProbe" not in c and "livenessProbe" not in c
+        return
     startup = c["startupProbe"]
     assert startup["httpGet"]["path"] == "/health"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= ref.startup_seconds
@@ -157,17 +176,27 @@ def test_rendered_engine_pods_carry_what_the_reference_needs(
     example: str, feature: Callable[[Pod, Reference], None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ref = REFERENCES[example]
-    pods = [o["spec"]["template"]["spec"] for o in render(example, capsys) if o["kind"] == "StatefulSet"]
-    assert len(pods) == 2, f"{example} ({ref.source}): a prefill and a decode pool"
+    workloads = [o for o in render(example, capsys) if o["kind"] in ("StatefulSet", "LeaderWorkerSet")]
+    assert len(workloads) == 2, f"{example} ({ref.source}): a prefill and a decode pool"
+    pods = [t["spec"] for w in workloads for t in _templates(w)]
+    assert len(pods) == 2 + sum(w["kind"] == "LeaderWorkerSet" for w in workloads)
     for pod in pods:
         feature(pod, ref)
+
+
+def _templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    if workload["kind"] == "StatefulSet":
+        return [workload["spec"]["template"]]
+    lwt = workload["spec"]["leaderWorkerTemplate"]
+    return [lwt["leaderTemplate"], lwt["workerTemplate"]]
 
 
 @pytest.mark.parametrize("example", sorted(REFERENCES))
 def test_render_prints_every_child_the_operator_applies(example: str, capsys: pytest.CaptureFixture[str]) -> None:
     kinds = sorted(o["kind"] for o in render(example, capsys))
-    want = ["Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget", "Role", "RoleBinding",
-            "Service", "Service", "Service", "ServiceAccount", "StatefulSet", "StatefulSet"]  # fmt: skip
+    pools = ["LeaderWorkerSet"] * 2 if REFERENCES[example].expert_parallel else ["StatefulSet"] * 2  # 2 nodes each
+    want = sorted(["Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget", "Role",
+                   "RoleBinding", "Service", "Service", "Service", "ServiceAccount", *pools])  # fmt: skip
     if REFERENCES[example].gb200:
         want = sorted([*want, "ComputeDomain"])
     assert kinds == want
