@@ -10,13 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 
 from xpyd_chart.helm import CHART
@@ -28,11 +25,13 @@ from xpyd_sim import trace
 from .dashboards_check import panel_failures
 from .kube import find_json as get_json
 from .kube import kubectl
+from .loadgen import Load, drive_until, pod_urls, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RELEASE = "xpyd-autoscaler-e2e"
 NAME = "scaler"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMETHEUS = os.environ.get("XPYD_PROMETHEUS_URL", "http://127.0.0.1:9090")
 DD = """
 apiVersion: xpyd.io/v1alpha1
@@ -82,17 +81,6 @@ def namespace() -> Iterator[str]:
     kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-async def wait_until(what: str, probe: Any, limit_s: float) -> Any:
-    """Poll probe() (in a thread: it runs kubectl) until truthy; fail naming what never happened."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = await asyncio.to_thread(probe)
-        if value:
-            return value
-        await asyncio.sleep(2)
-    raise AssertionError(f"timed out after {limit_s:.0f}s waiting for {what}")
-
-
 def replicas(ns: str, role: str) -> int:
     sts = get_json("statefulset", f"{NAME}-{role}", "-n", ns) or {}
     return int(sts.get("spec", {}).get("replicas", 0))
@@ -103,69 +91,6 @@ def healthy(ns: str) -> dict[str, Any] | None:
     conds = {c["type"]: c for c in (dd.get("status") or {}).get("conditions") or []}
     ok = conds.get("AutoscalerHealthy", {}).get("status") == "True"
     return dd if ok else None
-
-
-def pod_urls(ns: str, role: str) -> list[str]:
-    """The engine endpoints of a pool's running pods (pod IPs are loopback addresses here)."""
-    pods = get_json("pods", "-n", ns, "-l", f"xpyd.io/deployment={NAME},xpyd.io/role={role}") or {}
-    running = [p for p in pods.get("items", []) if p["status"].get("phase") == "Running"]
-    return [f"http://{p['status']['podIP']}:8000" for p in running if p["status"].get("podIP")]
-
-
-@dataclass
-class Load:
-    """A bounded closed-loop load on one pool: ``concurrency`` clients, ``limit`` requests at most.
-
-    Requests go straight to the pool's pods (spread over those running, re-listed every few
-    seconds), so each phase loads exactly the pool it is about, whatever the router does.
-    """
-
-    ns: str
-    role: str
-    prompt_tokens: int
-    max_tokens: int
-    concurrency: int
-    limit: int = 3000
-    sent: int = 0
-    ok: int = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        urls: list[str] = []
-
-        async def refresh() -> None:
-            while not stop.is_set():
-                urls[:] = await asyncio.to_thread(pod_urls, self.ns, self.role)
-                await asyncio.sleep(3)
-
-        refresher = asyncio.create_task(refresh())
-        async with httpx.AsyncClient(timeout=120) as http:
-            await asyncio.gather(*(self._client(http, stop, urls, i) for i in range(self.concurrency)))
-        refresher.cancel()
-
-    async def _client(self, http: httpx.AsyncClient, stop: asyncio.Event, urls: list[str], i: int) -> None:
-        while not stop.is_set() and self.sent < self.limit:
-            if not urls:
-                await asyncio.sleep(0.5)
-                continue
-            self.sent += 1
-            url = urls[(i + self.sent) % len(urls)]
-            prompt = f"{uuid.uuid4().hex} " + "lorem ipsum " * (self.prompt_tokens * 4 // 12)
-            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": prompt, "max_tokens": self.max_tokens}
-            try:
-                r = await http.post(f"{url}/v1/completions", json=body)
-                self.ok += r.status_code == 200
-            except httpx.HTTPError:
-                await asyncio.sleep(0.5)
-
-
-async def drive_until(load: Load, what: str, probe: Any, limit_s: float) -> Any:
-    stop = asyncio.Event()
-    task = asyncio.create_task(load.run(stop))
-    try:
-        return await wait_until(what, probe, limit_s)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 150)
 
 
 @pytest.mark.timeout(1200)  # about 4 min with a 30 s window, about 9 min with the 300 s default
@@ -184,17 +109,17 @@ async def test_pools_follow_prompt_and_answer_lengths(namespace: str) -> None:
     assert (replicas(ns, "prefill"), replicas(ns, "decode")) == (1, 1)
 
     # Long prompts, one-token answers: prefill queues up and grows.
-    long_prompts = Load(ns, "prefill", prompt_tokens=6000, max_tokens=1, concurrency=24)
+    long_prompts = Load(ns, NAME, "prefill", MODEL, prompt_tokens=6000, max_tokens=1, concurrency=24)
     await drive_until(long_prompts, "prefill to grow", lambda: replicas(ns, "prefill") >= 2, 180)
     assert long_prompts.ok > 0
 
     # Short prompts, long answers: decode's batch (4 seqs) fills, its queue grows, decode grows.
-    long_answers = Load(ns, "decode", prompt_tokens=64, max_tokens=1500, concurrency=16)
+    long_answers = Load(ns, NAME, "decode", MODEL, prompt_tokens=64, max_tokens=1500, concurrency=16)
     await drive_until(long_answers, "decode to grow", lambda: replicas(ns, "decode") >= 2, 180)
     assert long_answers.ok > 0
 
     # Chat-like traffic through the router (shared system prompts), so every dashboard panel has data.
-    router = await wait_until("the router pod", lambda: pod_urls(ns, "router"), 60)
+    router = await wait_until("the router pod", lambda: pod_urls(ns, NAME, "router"), 60)
     synthetic = trace.Synthetic(rate=6, duration=20, prompt_mean=1500, output_mean=32, shared_prefixes=4, seed=1)
     config = LoadConfig(url=router[0], model="meta-llama/Llama-3.1-8B-Instruct", max_requests=150, duration_s=20)
     through_router = await run_load(config, trace.synthetic(synthetic))
