@@ -1,4 +1,4 @@
-"""`xpyd plan`: the break-even table and a suggested xPyD ratio for a model on a topology."""
+"""`xpyd plan`: does a replica fit, the smallest one that does, the break-even table and an xPyD ratio."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ import sys
 from collections.abc import Sequence
 
 from xpyd_perf.breakeven import BreakEven, break_even, suggest_xpyd
-from xpyd_perf.fits import Fit, replica_fit
+from xpyd_perf.fits import (
+    MAX_SEARCH_GPUS,
+    Fit,
+    layout_problem,
+    layouts,
+    pods_per_replica,
+    replica_fit,
+    smallest_fit,
+    span,
+)
 from xpyd_perf.lengthmix import LengthMix, TraceFormatError, parse_lengths
-from xpyd_perf.models import MODELS, WEIGHT_BYTES, UnknownModelError, quantized, resolve_model
-from xpyd_perf.topology import TOPOLOGIES, UnknownTopologyError, resolve_topology
+from xpyd_perf.models import MODELS, WEIGHT_BYTES, ModelSpec, UnknownModelError, quantized, resolve_model
+from xpyd_perf.topology import TOPOLOGIES, Topology, UnknownTopologyError, resolve_topology
+
+DEFAULT_GPUS = 8  # the replica the break-even table prices when no size is given (one HGX node)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,7 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help=f"catalog key or HF name: {', '.join(MODELS)}")
     p.add_argument("--topology", default="HGX-B200", help=f"one of {', '.join(TOPOLOGIES)}")
-    p.add_argument("--gpus-per-replica", type=int, default=8, help="GPUs (tensor-parallel size) per replica")
+    p.add_argument(
+        "--gpus-per-replica", type=int, default=None,
+        help=f"GPUs per replica, as spec.<pool>.gpusPerReplica (default: {DEFAULT_GPUS}, and the smallest that fits)",
+    )  # fmt: skip
+    p.add_argument("--tensor-parallel-size", type=int, default=None, help="default: GPUs / data-parallel size")
+    p.add_argument("--data-parallel-size", type=int, default=1, help="data-parallel ranks per replica (wide EP)")
+    p.add_argument("--expert-parallel", action="store_true", help="spread the MoE experts over every rank")
     p.add_argument(
         "--prompt-tokens",
         default=None,
@@ -84,63 +101,115 @@ def _table(rows: list[tuple[str, BreakEven]]) -> str:
     return "\n".join(out)
 
 
-def _mix_share(args: argparse.Namespace, mix: LengthMix) -> float:
+def _mix_share(args: argparse.Namespace, mix: LengthMix, gpus: int) -> float:
     """Share of the trace's requests for which disaggregation pays (cached per distinct length)."""
     verdicts: dict[int, bool] = {}
     wins = 0
     for n in mix.prompts:
         if n not in verdicts:
             verdicts[n] = break_even(
-                args.model,
-                args.topology,
-                n,
-                args.gpus_per_replica,
-                args.kv_bytes_per_token,
-                args.dp_attention,
+                args.model, args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention
             ).disaggregate
         wins += verdicts[n]
     return wins / len(mix.prompts)
 
 
-def fit_of(args: argparse.Namespace) -> Fit:
-    """The replica fits-check the operator runs too (condition Ready=False, reason ReplicaDoesNotFit)."""
+def _model(args: argparse.Namespace) -> ModelSpec:
     model = resolve_model(args.model)
-    if args.quantization:
-        model = quantized(model, args.quantization)
-    topo = resolve_topology(args.topology)
-    return replica_fit(model, topo.gpu, args.gpus_per_replica, 1, False, args.max_model_len, args.kv_bytes_per_token)
+    return quantized(model, args.quantization) if args.quantization else model
+
+
+def _asked_layout(args: argparse.Namespace) -> tuple[int, int, int, bool] | None:
+    """(GPUs, tp, dp, expert parallel) the flags ask for, checked as the API checks a pool; None: no size given."""
+    dp, tp = args.data_parallel_size, args.tensor_parallel_size
+    gpus = args.gpus_per_replica if args.gpus_per_replica is not None else (tp * dp if tp is not None else None)
+    if gpus is None and dp > 1:
+        gpus = dp  # data-parallel ranks of one GPU each
+    if gpus is None:
+        if args.expert_parallel:
+            raise ValueError("--expert-parallel needs a replica size: --gpus-per-replica or --data-parallel-size")
+        return None
+    if gpus < 1 or dp < 1 or (tp is not None and tp < 1):
+        raise ValueError("--gpus-per-replica, --tensor-parallel-size and --data-parallel-size must be >= 1")
+    if gpus % dp or (tp is not None and tp * dp != gpus):
+        raise ValueError(
+            f"tensor x data parallel ({tp or gpus // dp} x {dp}) is the engine's world size and must equal "
+            f"--gpus-per-replica ({gpus})"
+        )
+    return gpus, tp or gpus // dp, dp, args.expert_parallel
+
+
+def fit_of(args: argparse.Namespace) -> Fit:
+    """The replica fits-check the operator runs too (condition Ready=False, reason ReplicaDoesNotFit).
+
+    Without a size: DEFAULT_GPUS GPUs in the model's preferred layout, or the smallest replica that fits.
+    """
+    model, topo = _model(args), resolve_topology(args.topology)
+    asked = _asked_layout(args)
+    extra = (args.max_model_len, args.kv_bytes_per_token)
+    if asked is not None:
+        gpus, tp, dp, ep = asked
+        if problem := layout_problem(topo, gpus, dp):
+            raise ValueError(problem)
+        return replica_fit(model, topo.gpu, tp, dp, ep, *extra)
+    shapes = layouts(model, topo, DEFAULT_GPUS) or [(DEFAULT_GPUS, 1, False)]
+    tried = [replica_fit(model, topo.gpu, tp, dp, ep, *extra) for tp, dp, ep in shapes]
+    return next((f for f in tried if f.fits), None) or smallest_fit(model, topo, *extra) or tried[0]
+
+
+def _smallest(args: argparse.Namespace) -> Fit | None:
+    return smallest_fit(_model(args), resolve_topology(args.topology), args.max_model_len, args.kv_bytes_per_token)
+
+
+def _suggestion(topo: Topology, best: Fit | None) -> str:
+    if best is None:
+        return (
+            f"no replica of up to {MAX_SEARCH_GPUS} GPUs fits on {topo.name}; "
+            "use a smaller --max-model-len or a quantized checkpoint"
+        )
+    return f"smallest replica that fits on {topo.name}: {{{best.spec_line()}}} ({span(topo, best.gpus)})"
+
+
+def _layout_doc(topo: Topology, fit: Fit | None) -> dict[str, object] | None:
+    if fit is None:
+        return None
+    pods = pods_per_replica(topo, fit.gpus)
+    return {**fit.spec_fields(), "pods_per_replica": pods, "span": span(topo, fit.gpus), "spec_line": fit.spec_line(),
+            "fits": fit.fits, "summary": fit.summary()}  # fmt: skip
+
+
+def _timing_gpus(topo: Topology, gpus: int) -> tuple[int, str]:
+    """GPUs the break-even timing prices: the replica's, up to what the timing model takes (one NVLink domain)."""
+    limit = topo.max_replica_gpus
+    if gpus <= limit:
+        return gpus, ""
+    return limit, f"timing priced on {limit} of the replica's {gpus} GPUs (one request runs inside one NVLink domain)"
 
 
 def run(args: argparse.Namespace) -> str:
-    fit = fit_of(args)
+    topo = resolve_topology(args.topology)
+    fit, best = fit_of(args), _smallest(args)
     if not fit.fits:
-        raise ValueError(fit.summary())
+        if args.json:
+            print(json.dumps({"fit": fit.as_dict(), "layout": _layout_doc(topo, fit),
+                              "smallest_fit": _layout_doc(topo, best)}))  # fmt: skip
+        raise ValueError(f"{fit.summary()}; {_suggestion(topo, best)}")
+    gpus, timing_note = _timing_gpus(topo, fit.gpus)
     mix = None
     if args.trace:
         with open(args.trace, encoding="utf-8") as f:
             mix = parse_lengths(f)
     lengths = _prompt_lengths(args.prompt_tokens, mix)
     rows = [
-        (
-            tag,
-            break_even(
-                args.model,
-                args.topology,
-                n,
-                args.gpus_per_replica,
-                args.kv_bytes_per_token,
-                args.dp_attention,
-            ),
-        )
+        (tag, break_even(args.model, args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention))
         for tag, n in lengths
     ]
     main_row = next((r for tag, r in rows if tag == "mean"), rows[0][1])
     output = args.output_tokens or (mix.mean_output if mix else 256)
     s = suggest_xpyd(
-        args.model, args.topology, main_row.prompt_tokens, output, args.rate, args.gpus_per_replica,
-        args.itl_target_ms / 1e3,
-    )  # fmt: skip
-    share = _mix_share(args, mix) if mix else None
+        args.model, args.topology, main_row.prompt_tokens, output, args.rate, gpus, args.itl_target_ms / 1e3
+    )
+    share = _mix_share(args, mix, gpus) if mix else None
     if args.json:
         doc: dict[str, object] = dict(main_row.as_dict())
         doc["rows"] = [dict(r.as_dict(), tag=tag) for tag, r in rows]
@@ -158,13 +227,21 @@ def run(args: argparse.Namespace) -> str:
         if share is not None:
             doc["trace_disaggregate_share"] = share
         doc["fit"] = fit.as_dict()
+        doc["layout"] = _layout_doc(topo, fit)
+        doc["smallest_fit"] = _layout_doc(topo, best)
+        doc["timing_gpus"] = gpus
         return json.dumps(doc)
     lines = [
-        f"{main_row.model} on {main_row.topology}, {args.gpus_per_replica} GPUs per replica "
-        "(disaggregate iff transfer < stall)",
+        f"{main_row.model} on {main_row.topology}, {fit.gpus} GPUs per replica (disaggregate iff transfer < stall)",
         f"replica: {fit.summary()}",
-        _table(rows),
+        f"one replica: {span(topo, fit.gpus)}",
     ]
+    if best is not None and (_asked_layout(args) is None or best.gpus < fit.gpus):
+        lines.append(f"smallest replica that fits on {topo.name} ({span(topo, best.gpus)}); paste into a pool:")
+        lines.append(f"  {best.spec_line()}")
+    if timing_note:
+        lines.append(timing_note)
+    lines.append(_table(rows))
     if share is not None:
         lines.append(
             f"disaggregation pays for {100 * share:.1f}% of the trace's {len(mix.prompts) if mix else 0} requests"

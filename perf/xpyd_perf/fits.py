@@ -12,16 +12,24 @@ Per GPU of a replica with tensor-parallel size tp and data-parallel size dp:
 - KV cache: one sequence of max_model_len tokens per data-parallel rank, split over its tp ranks
   by heads (MLA's latent cache is not split: every rank holds all of it);
 - usable: the GPU's HBM x the engine's memory utilization (vLLM's --gpu-memory-utilization 0.9).
+
+`smallest_fit` searches the replica sizes a topology offers (powers of two within a node, whole
+nodes beyond: up to the NVLink domain where it spans nodes) for the first layout that fits.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Final
 
 from xpyd_perf.hardware import GpuSpec
 from xpyd_perf.models import ModelSpec
+from xpyd_perf.topology import NvlinkDomain, Topology
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (SGLang's --mem-fraction-static is close)
+MAX_SEARCH_GPUS: Final = 256  # the API's largest replica (xpyd_api.rules.MAX_REPLICA_GPUS; a test keeps them equal)
+NODE_NOUNS: Final[dict[NvlinkDomain, str]] = {"node": "node", "clique": "tray"}  # what one pod's machine is called
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,19 @@ class Fit:
     def kv_room_bytes_per_gpu(self) -> float:
         """HBM left for the KV cache on each GPU after the weights (0 when the weights do not fit)."""
         return max(0.0, self.usable_bytes_per_gpu - self.weight_bytes_per_gpu)
+
+    def spec_fields(self) -> dict[str, int | bool]:
+        """The layout as a pool of the DisaggregatedDeployment spells it."""
+        return {
+            "gpusPerReplica": self.gpus,
+            "tensorParallelSize": self.tp,
+            "dataParallelSize": self.dp,
+            "expertParallel": self.expert_parallel,
+        }
+
+    def spec_line(self) -> str:
+        """The layout as one line to paste into a pool of the spec (inside its `{...}`)."""
+        return ", ".join(f"{k}: {str(v).lower()}" for k, v in self.spec_fields().items())
 
     def layout(self) -> str:
         parallel = f"TP{self.tp}" + (f" x DP{self.dp}" + (" EP" if self.expert_parallel else "") if self.dp > 1 else "")
@@ -147,3 +168,73 @@ def replica_fit(
         memory_utilization=memory_utilization,
         kv_bytes_per_token=per_token,
     )
+
+
+def replica_sizes(topology: Topology, max_gpus: int = MAX_SEARCH_GPUS) -> list[int]:
+    """GPU counts a replica may take, smallest first: powers of two within a node, then whole nodes
+    (up to the NVLink domain where it spans nodes, e.g. 72 GPUs of an NVL72 rack, else `max_gpus`)."""
+    node = topology.gpus_per_node
+    limit = topology.domain_gpus if topology.domain_gpus > node else max_gpus
+    within = [1 << i for i in range(node.bit_length()) if 1 << i < node]
+    return [n for n in [*within, *range(node, limit + 1, node)] if n <= max_gpus]
+
+
+def layouts(model: ModelSpec, topology: Topology, gpus: int) -> list[tuple[int, int, bool]]:
+    """(tp, dp, expert parallel) shapes of a `gpus`-GPU replica, preferred first: a MoE model wide
+    expert parallel (TP1 x DP=GPUs, as the seeds run DeepSeek), else tensor parallel inside the NVLink
+    domain with a size that divides the attention heads (vLLM's rule)."""
+    out: list[tuple[int, int, bool]] = [(1, gpus, True)] if model.is_moe and gpus > 1 else []
+    if gpus <= topology.domain_gpus and model.q_heads % gpus == 0:
+        out.append((gpus, 1, False))
+    return out
+
+
+def smallest_fit(
+    model: ModelSpec,
+    topology: Topology,
+    max_model_len: int | None = None,
+    kv_bytes_per_token: int | None = None,
+    memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    max_gpus: int = MAX_SEARCH_GPUS,
+) -> Fit | None:
+    """The smallest replica of `model` on `topology` that holds its weights and one longest sequence
+    (its preferred layout at that size); None when no size up to `max_gpus` does."""
+    for gpus in replica_sizes(topology, max_gpus):
+        for tp, dp, ep in layouts(model, topology, gpus):
+            fit = replica_fit(model, topology.gpu, tp, dp, ep, max_model_len, kv_bytes_per_token, memory_utilization)
+            if fit.fits:
+                return fit
+    return None
+
+
+def layout_problem(topology: Topology, gpus: int, dp: int = 1) -> str | None:
+    """Why the API refuses a replica of `gpus` GPUs and `dp` data-parallel ranks on `topology`, or None
+    (the mirror of xpyd_api.rules.check_spec's per-pool rules; a test keeps the two in step)."""
+    node, domain = topology.gpus_per_node, topology.domain_gpus
+    if gpus <= node:
+        return None
+    if gpus % node:
+        return f"gpusPerReplica ({gpus}) must be <= {node} or a multiple of {node} on {topology.name}"
+    if dp > 1 and dp % (gpus // node):
+        return (
+            f"dataParallelSize ({dp}) must be 1 or a multiple of the replica's {gpus // node} nodes on "
+            f"{topology.name}: a data-parallel rank never spans nodes"
+        )
+    if node < domain < gpus:
+        return f"gpusPerReplica ({gpus}) must be <= {domain} on {topology.name}: a replica stays in one NVLink domain"
+    return None
+
+
+def pods_per_replica(topology: Topology, gpus: int) -> int:
+    """Pods (nodes) one replica takes: one up to a node, whole nodes beyond (a LeaderWorkerSet group)."""
+    return max(1, math.ceil(gpus / topology.gpus_per_node))
+
+
+def span(topology: Topology, gpus: int) -> str:
+    """Where one replica of `gpus` GPUs lives, in words: one pod, or a group of pods over whole nodes."""
+    noun, node = NODE_NOUNS[topology.nvlink_domain], topology.gpus_per_node
+    pods = pods_per_replica(topology, gpus)
+    if pods == 1:
+        return f"one pod: {gpus} of one {topology.name} {noun}'s {node} GPUs"
+    where = "in one NVLink domain" if gpus <= topology.domain_gpus else f"across {pods} NVLink domains"
+    return f"{pods} {topology.name} {noun}s of {node} GPUs {where}: a LeaderWorkerSet group of {pods} pods"

@@ -1,10 +1,16 @@
-"""In-cluster discovery: the Ready worker pods of one DisaggregatedDeployment, watched via the API."""
+"""In-cluster discovery: the Ready worker pods of one DisaggregatedDeployment, watched via the API.
+
+A single-pod replica (a StatefulSet pod) is a worker while it is Ready. A multi-node replica is a
+LeaderWorkerSet group: only its leader (worker-index 0) runs the engine's API server, so the group
+is one worker, at the leader's address, and only while every rank of the group is Ready.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from lightkube import AsyncClient
@@ -18,18 +24,62 @@ log = logging.getLogger(__name__)
 WORKER_ROLES: frozenset[str] = frozenset({"prefill", "decode", "worker"})
 DEFAULT_PORT = 8000
 RELIST_SECONDS = 60.0
+LEADER_INDEX = 0  # the rank whose pod runs the engine's HTTP API
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """Where a pod sits in its LeaderWorkerSet group: which group incarnation, its rank, the group's size."""
+
+    group: tuple[str, str, str]  # (LeaderWorkerSet name, group index, group key): one incarnation of a replica
+    rank: int  # worker index; LEADER_INDEX for the API pod, -1 when unreadable
+    size: int  # pods per group from the size annotation; 0 when unreadable
+
+
+def _number(raw: str | None) -> int:
+    try:
+        return int(raw) if raw is not None else -1
+    except ValueError:
+        return -1
+
+
+def group_member(pod: Any) -> GroupMember | None:
+    """The pod's place in a LeaderWorkerSet group, or None for a single-pod replica (no LWS labels)."""
+    meta = pod.metadata
+    pod_labels: dict[str, str] = dict(meta.labels or {}) if meta else {}
+    if labels.LWS_NAME not in pod_labels and labels.LWS_WORKER_INDEX not in pod_labels:
+        return None
+    annotations: dict[str, str] = dict(meta.annotations or {}) if meta else {}
+    group = (
+        pod_labels.get(labels.LWS_NAME, ""),
+        pod_labels.get(labels.LWS_GROUP_INDEX, ""),
+        pod_labels.get(labels.LWS_GROUP_KEY, ""),
+    )
+    rank = _number(pod_labels.get(labels.LWS_WORKER_INDEX))
+    return GroupMember(group, rank, max(_number(annotations.get(labels.LWS_SIZE)), 0))
+
+
+def _live(pod: Any) -> bool:
+    """Ready and not terminating: the pod does its part now."""
+    meta, status = pod.metadata, pod.status
+    if meta is None or meta.deletionTimestamp is not None or status is None:
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
 
 
 def pod_worker(pod: Any) -> WorkerSpec | None:
-    """The worker a pod serves, or None while it is not Ready, is terminating or is no worker."""
+    """The worker a pod serves, or None while it is not Ready, is terminating or is no worker.
+
+    A rank of a LeaderWorkerSet group other than the leader never serves: it has no HTTP API.
+    Whether the leader's whole group is Ready is `workers_of`'s question (it sees every pod).
+    """
     meta, spec, status = pod.metadata, pod.spec, pod.status
     pod_labels: dict[str, str] = dict(meta.labels or {}) if meta else {}
     role = pod_labels.get(labels.ROLE, "")
-    if role not in WORKER_ROLES or meta is None or meta.deletionTimestamp is not None:
+    if role not in WORKER_ROLES or not _live(pod) or not status.podIP:
         return None
-    if status is None or not status.podIP:
-        return None
-    if not any(c.type == "Ready" and c.status == "True" for c in status.conditions or []):
+    member = group_member(pod)
+    if member is not None and member.rank != LEADER_INDEX:
         return None
     ports = {p.name: p.containerPort for c in (spec.containers if spec else []) for p in c.ports or [] if p.name}
     port = ports.get("http", DEFAULT_PORT)
@@ -45,8 +95,34 @@ def _name(pod: Any) -> str:
     return str(pod.metadata.name) if pod.metadata else ""
 
 
+def complete_groups(pods: Iterable[Any]) -> set[tuple[str, str, str]]:
+    """The groups whose every rank (0..size-1, as the size annotation says) has a live pod."""
+    live: dict[tuple[str, str, str], set[int]] = {}
+    sizes: dict[tuple[str, str, str], int] = {}
+    for pod in pods:
+        member = group_member(pod)
+        if member is None:
+            continue
+        if member.rank == LEADER_INDEX:
+            sizes[member.group] = member.size
+        if _live(pod) and member.rank >= 0:
+            live.setdefault(member.group, set()).add(member.rank)
+    return {g for g, size in sizes.items() if size >= 1 and live.get(g, set()) >= set(range(size))}
+
+
 def workers_of(pods: Iterable[Any]) -> list[WorkerSpec]:
-    return [w for w in map(pod_worker, pods) if w is not None]
+    """The workers of a whole pod list: Ready single pods, and the leaders of complete groups (one each)."""
+    pods = list(pods)
+    complete = complete_groups(pods)
+    out = []
+    for pod in pods:
+        worker = pod_worker(pod)
+        if worker is None:
+            continue
+        member = group_member(pod)
+        if member is None or member.group in complete:
+            out.append(worker)
+    return out
 
 
 async def watch_deployment(
@@ -55,7 +131,11 @@ async def watch_deployment(
     apply: Callable[[list[WorkerSpec]], None],
     client: AsyncClient | None = None,
 ) -> None:
-    """Keeps `apply` fed with the current workers: list, then watch; re-list on errors and every minute."""
+    """Keeps `apply` fed with the current workers: list, then watch; re-list on errors and every minute.
+
+    Every event updates the full pod set and recomputes the workers from all of it: a group's
+    readiness depends on several pods, so no event is applied to the workers on its own.
+    """
     client = client or AsyncClient(namespace=namespace)
     selector: dict[str, Any] = {labels.DEPLOYMENT: deployment}
     while True:

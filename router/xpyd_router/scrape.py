@@ -32,10 +32,15 @@ class WorkerMetrics:
 
 
 def parse_metrics(text: str) -> WorkerMetrics:
-    """Sums each gauge over its label sets (one per model or engine) and reads the cache config."""
+    """Sums each gauge over its label sets (one per model or engine) and reads the cache config.
+
+    A data-parallel replica (one API server over several engines, on one pod or a LeaderWorkerSet
+    group) reports one cache config per engine: its capacity is the sum of their blocks.
+    """
     sums = {WAITING: 0.0, RUNNING: 0.0, KV_USAGE: 0.0}
     usage_seen: list[float] = []
-    block_size = num_blocks = 0
+    block_size = 0
+    engine_blocks: dict[str, int] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -45,8 +50,8 @@ def parse_metrics(text: str) -> WorkerMetrics:
         name = line[:name_end]
         if name == CACHE_CONFIG:
             labels = dict(_LABEL.findall(line[name_end : line.rfind("}") + 1]))
-            block_size = _int(labels.get("block_size"))
-            num_blocks = _int(labels.get("num_gpu_blocks"))
+            block_size = block_size or _int(labels.get("block_size"))
+            engine_blocks[labels.get("engine", "")] = _int(labels.get("num_gpu_blocks"))
             continue
         key = {SGL_WAITING: WAITING, SGL_RUNNING: RUNNING, KV_USAGE_OLD: KV_USAGE, SGL_USAGE: KV_USAGE}.get(name, name)
         if key not in sums:
@@ -60,7 +65,7 @@ def parse_metrics(text: str) -> WorkerMetrics:
         else:
             sums[key] += value
     usage = max(usage_seen) if usage_seen else 0.0
-    return WorkerMetrics(sums[WAITING], sums[RUNNING], usage, block_size, num_blocks)
+    return WorkerMetrics(sums[WAITING], sums[RUNNING], usage, block_size, sum(engine_blocks.values()))
 
 
 def _int(raw: str | None) -> int:

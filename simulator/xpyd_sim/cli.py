@@ -170,7 +170,10 @@ def _print_summary(row: dict[str, Any]) -> None:
     skip = {"replicas", "replicas_columns"}
     width = max(len(k) for k in row)
     for key, value in row.items():
-        if key not in skip:
+        if key == "replica_fit":  # one line per pool, as the operator's condition words it
+            for role, summary in value.items():
+                print(f"{key:<{width}}  {role}: {summary}")
+        elif key not in skip:
             print(f"{key:<{width}}  {value}")
 
 

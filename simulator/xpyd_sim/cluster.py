@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from xpyd_perf import Topology
+from xpyd_perf.fits import pods_per_replica
 from xpyd_sim.perfmodel import PoolPerf
 from xpyd_sim.spec import SimSpec
 from xpyd_sim.worker import Worker
@@ -13,6 +16,9 @@ class Cluster:
 
     The first replicas are placed interleaved (P, D, D, P, ...) so that on NVL72 a deployment that
     fits one clique lands in it, as the operator places it; later ones take the first free slot.
+    A multi-node replica (a LeaderWorkerSet group) is one replica of all its GPUs: inside one clique
+    on NVL72; on HGX, where NVLink ends at the node, it takes whole empty nodes and is named after
+    its leader's. The autoscaler adds and removes whole replicas, so whole groups.
     """
 
     def __init__(
@@ -34,6 +40,7 @@ class Cluster:
         self.cache_tokens = cache_tokens
         self.domain_size = max(self.topology.domain_gpus, 1)
         self.domain_used: list[int] = []
+        self._slots: dict[str, list[tuple[int, int]]] = {}  # worker name -> (domain index, GPUs) it holds
         self.workers: dict[str, list[Worker]] = {role: [] for role in spec.pools}
         self.retired: list[Worker] = []
         self._next = dict.fromkeys(spec.pools, 0)
@@ -46,14 +53,31 @@ class Cluster:
         for _, role in sorted(order):
             self.add(role, 0.0, ready=True)
 
-    def _place(self, gpus: int) -> str:
-        kind = self.topology.nvlink_domain
-        for i, used in enumerate(self.domain_used):
-            if used + gpus <= self.domain_size:
-                self.domain_used[i] += gpus
-                return f"{kind}-{i}"
-        self.domain_used.append(gpus)
-        return f"{kind}-{len(self.domain_used) - 1}"
+    def _place(self, gpus: int) -> list[tuple[int, int]]:
+        """The domains a replica takes: room in one domain, or whole empty domains (nodes) for a group
+        larger than one; new domains are added as needed (the cluster grows to fit)."""
+        if gpus <= self.domain_size:
+            i = next((i for i, used in enumerate(self.domain_used) if used + gpus <= self.domain_size), None)
+            if i is None:
+                self.domain_used.append(0)
+                i = len(self.domain_used) - 1
+            self.domain_used[i] += gpus
+            return [(i, gpus)]
+        whole = math.ceil(gpus / self.domain_size)
+        free = [i for i, used in enumerate(self.domain_used) if used == 0][:whole]
+        while len(free) < whole:
+            self.domain_used.append(0)
+            free.append(len(self.domain_used) - 1)
+        slots: list[tuple[int, int]] = []
+        for i in free:
+            take = min(self.domain_size, gpus - sum(g for _, g in slots))
+            self.domain_used[i] += take
+            slots.append((i, take))
+        return slots
+
+    def pods(self, role: str) -> int:
+        """Pods one replica of `role` takes: one per node it spans (a LeaderWorkerSet group beyond one)."""
+        return pods_per_replica(self.topology, self.spec.pools[role].gpus)
 
     def _account(self, now: float) -> None:
         self.gpu_seconds += self._gpus_alive * (now - self._t)
@@ -63,10 +87,11 @@ class Cluster:
         """A new replica of `role`; GPUs count from now on, even while it starts."""
         pool = self.spec.pools[role]
         self._account(now)
+        slots = self._place(pool.gpus)
         w = Worker(
             self._next[role],
             role,
-            self._place(pool.gpus),
+            f"{self.topology.nvlink_domain}-{slots[0][0]}",  # a group's domain is its leader's
             self.perfs[role],
             gpus=pool.gpus,
             block_tokens=self.block_tokens,
@@ -75,6 +100,7 @@ class Cluster:
             cache_tokens=self.cache_tokens,
         )
         self._next[role] += 1
+        self._slots[w.name] = slots
         w.state = "ready" if ready else "starting"
         w.born = now
         self._gpus_alive += w.gpus
@@ -87,7 +113,8 @@ class Cluster:
         w.state = "gone"
         w.died = now
         self._gpus_alive -= w.gpus
-        self.domain_used[int(w.domain.rsplit("-", 1)[1])] -= w.gpus
+        for i, gpus in self._slots.pop(w.name, []):
+            self.domain_used[i] -= gpus
         self.workers[w.role].remove(w)
         self.retired.append(w)
 

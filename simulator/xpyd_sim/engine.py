@@ -28,7 +28,7 @@ class Simulation:
         self.spec = spec
         self.cfg = cfg = config or SimConfig()
         self.perfs = {
-            role: PoolPerf(spec.model, spec.topology.gpu, p.tp, p.gpus, spec.kv_bytes_per_token)
+            role: PoolPerf(spec.model, spec.topology.gpu, p.tp, p.gpus, spec.kv_bytes_per_token, p.expert_parallel)
             for role, p in spec.pools.items()
         }
         self.links = Links(spec.topology)

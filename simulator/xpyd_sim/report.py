@@ -8,6 +8,7 @@ from typing import Any
 
 from xpyd_sim.engine import Simulation
 from xpyd_sim.metrics import Histogram
+from xpyd_sim.spec import replica_fits
 
 
 def peak_rss_mb() -> float:
@@ -82,6 +83,8 @@ def build(sim: Simulation, wall_s: float, cpu_s: float | None = None) -> dict[st
             "scale_events": len(m.scale_events),
             "replicas_max": _max_replicas(m.timeline, spec.mode),
             "gpus_per_replica": {role: p.gpus for role, p in spec.pools.items()},
+            "pods_per_replica": {role: sim.cluster.pods(role) for role in spec.pools},
+            "replica_fit": {role: fit.summary() for role, fit in replica_fits(spec).items()},
             "replicas": _downsample(m.timeline),
             "replicas_columns": ["t_s", "prefill_or_worker", "decode", "queued", "running"],
             "simulated_s": round(sim_s, 3),

@@ -2,7 +2,9 @@
 
 The simulation keeps the typed spec (`SimSpec.deployment`) and reads every field from it, so what
 the operator would do with a field is what the simulator does: pool sizes and shapes, the router's
-policy and replicas, and all of `spec.autoscaling` through the operator's own translation.
+policy and replicas, and all of `spec.autoscaling` through the operator's own translation. A spec
+the operator would refuse because a replica does not fit its GPUs is refused with the operator's
+own message (xpyd_operator.sizing, condition Ready=False, reason ReplicaDoesNotFit).
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ import yaml
 from pydantic import ValidationError
 
 from xpyd_api.labels import GROUP, KIND, VERSION
-from xpyd_api.models import ANY_TOPOLOGY, DisaggregatedDeployment, DisaggregatedDeploymentSpec, PoolAutoscaling
-from xpyd_perf import ModelSpec, Topology, resolve_gpu, resolve_model, resolve_topology
+from xpyd_api.models import (
+    ANY_TOPOLOGY,
+    DisaggregatedDeployment,
+    DisaggregatedDeploymentSpec,
+    PoolAutoscaling,
+    PoolSpec,
+)
+from xpyd_operator import sizing
+from xpyd_perf import Fit, ModelSpec, Topology, replica_fit, resolve_gpu, resolve_model, resolve_topology
+from xpyd_perf.fits import layout_problem
 
 DEFAULT_TOPOLOGY = "HGX-B200"  # what "Any" is simulated on unless --topology says otherwise
 
@@ -27,12 +37,17 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PoolPlan:
-    """One pool's starting size and replica shape (its bounds stay in the typed spec)."""
+    """One pool's starting size and replica shape (its bounds stay in the typed spec).
+
+    A replica is one engine of `gpus` GPUs, whatever pods it takes: a multi-node replica (a
+    LeaderWorkerSet group) is simulated as one replica of all its GPUs.
+    """
 
     role: str
     replicas: int
     gpus: int
     tp: int
+    expert_parallel: bool = False
 
 
 def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
@@ -40,7 +55,7 @@ def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
     for role, pool in deployment.pools().items():
         low = pool.autoscaling.min_replicas if pool.autoscaling else 1
         start = pool.replicas if pool.replicas is not None else max(low, 1)
-        out[role] = PoolPlan(role, start, max(1, pool.gpus_per_replica), pool.tp)
+        out[role] = PoolPlan(role, start, max(1, pool.gpus_per_replica), pool.tp, pool.expert_parallel)
     return out
 
 
@@ -96,6 +111,47 @@ class SimSpec:
         return self.with_deployment(self.deployment.model_copy(update=update))
 
 
+def _fit_on(deployment: DisaggregatedDeploymentSpec, pool: PoolSpec, topology: Topology) -> Fit | None:
+    """The operator's fits-check (xpyd_operator.sizing.replica_fit_of) on the simulated hardware."""
+    if deployment.topology.hardware == topology:
+        return sizing.replica_fit_of(deployment, pool)  # the operator's own check, word for word
+    model = sizing.catalog_model(deployment, pool)
+    if model is None or pool.gpus_per_replica < 1:
+        return None
+    flags = sizing.engine_flags(deployment, pool)
+    per_token = deployment.model.kv_bytes_per_token or model.kv_bytes_per_token
+    if flags.fp8_kv_cache:
+        per_token = max(1, per_token // 2)
+    return replica_fit(
+        model, topology.gpu, pool.tp, pool.data_parallel_size, pool.expert_parallel, flags.max_model_len,
+        per_token, flags.memory_utilization,
+    )  # fmt: skip
+
+
+def replica_fits(spec: SimSpec) -> dict[str, Fit]:
+    """Each pool's fits-check on the hardware the simulation runs (pools it cannot model are left out)."""
+    out = {}
+    for role, pool in spec.deployment.pools().items():
+        fit = _fit_on(spec.deployment, pool, spec.topology)
+        if fit is not None:
+            out[role] = fit
+    return out
+
+
+def check_replicas(spec: SimSpec) -> SimSpec:
+    """Refuses what the operator refuses: a replica its topology cannot hold as a whole group of nodes,
+    or one whose GPUs cannot hold the weights and one longest sequence (Ready=False, ReplicaDoesNotFit)."""
+    for role, pool in spec.deployment.pools().items():
+        if problem := layout_problem(spec.topology, pool.gpus_per_replica, pool.data_parallel_size):
+            raise SpecError(f"{spec.name}: {role}.{problem}")
+    for role, fit in replica_fits(spec).items():
+        if not fit.fits:
+            raise SpecError(
+                f"{spec.name}: the operator would refuse it (Ready=False, ReplicaDoesNotFit): {role}: {fit.summary()}"
+            )
+    return spec
+
+
 def _topology(kind: str, override: str | None, gpu: str | None) -> Topology:
     try:
         topo = resolve_topology(override or (DEFAULT_TOPOLOGY if kind == ANY_TOPOLOGY else kind))
@@ -123,7 +179,7 @@ def parse(doc: Any, topology: str | None = None, gpu: str | None = None) -> SimS
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
     name = str(dd.metadata.get("name", "unnamed"))
-    return SimSpec.of(name, spec, model, _topology(spec.topology.kind, topology, gpu))
+    return check_replicas(SimSpec.of(name, spec, model, _topology(spec.topology.kind, topology, gpu)))
 
 
 def load(path: Path, topology: str | None = None, gpu: str | None = None) -> SimSpec:

@@ -82,11 +82,11 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
         assert words[0] == "exec" and "--data-parallel-size 16" in script and "--data-parallel-size-local 8" in script
         assert "--data-parallel-address ${LWS_LEADER_ADDRESS}" in script and "--enable-expert-parallel" in script
         assert f"--data-parallel-rpc-port {L.DP_RPC_PORT}" in script
-        assert "--all2all-backend deepep_high_throughput" in script
     assert "--headless" not in leader and "--data-parallel-start-rank" not in leader
     assert "--headless --data-parallel-start-rank $(( ${LWS_WORKER_INDEX:-0} * 8 ))" in worker
-    decode = _cmd(out[("LeaderWorkerSet", "llama-decode")], "leader")
-    assert "--all2all-backend deepep_low_latency" in decode
+    for role, kernel in (("prefill", "deepep_high_throughput"), ("decode", "deepep_low_latency")):
+        template = out[("LeaderWorkerSet", f"llama-{role}")]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+        assert {"name": "VLLM_ALL2ALL_BACKEND", "value": kernel} in template["spec"]["containers"][0]["env"]
     leader_c = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker_c = lwt["workerTemplate"]["spec"]["containers"][0]
     assert leader_c["resources"]["limits"][L.GPU_RESOURCE] == "8" == worker_c["resources"]["limits"][L.GPU_RESOURCE]
@@ -134,7 +134,7 @@ def test_sglang_ranks_join_by_dist_init_addr() -> None:
 )
 def test_vllm_tensor_parallel_across_nodes(rank: str, expected: list[str]) -> None:
     lay = replica_layout(16, 16, 1, 1, False, 8)
-    flags = engine_ranks.vllm_flags(lay, "decode", "leader" if rank == "leader" else "worker")
+    flags = engine_ranks.vllm_flags(lay, "leader" if rank == "leader" else "worker")
     words = [w.text if isinstance(w, engine_ranks.Raw) else w for w in flags]
     assert all(e in words for e in expected)
     assert "--data-parallel-address" not in words
