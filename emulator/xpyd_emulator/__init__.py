@@ -33,4 +33,12 @@ peer only, see peers.py), releasing the lease, sleeps the modelled handoff for t
 the two pods (NVLink within an NVLink domain, else RDMA), then decodes. SGLang
 (--disaggregation-mode prefill|decode) pairs requests through bootstrap_host/port/room.
 SIGTERM drains the worker like a pod (server.py).
+
+Multi-node replicas (a LeaderWorkerSet group; parallel.py reads vLLM's data-parallel / --nnodes
+flags and SGLang's --nnodes/--node-rank/--dist-init-addr): the API rank models the whole replica
+(every GPU, data and expert parallel, the MoE all-to-all over NVLink or NICs) and answers /health
+503 until ranks 1..N-1 have joined it over the emulator's rank protocol (ranks.py, leader.py),
+and for good once one is lost; the other ranks serve no API, and exit 1 when they lose their
+leader or cannot reach it (member.py). XPYD_HOSTS_FILE names an /etc/hosts-style file consulted
+before the resolver; `sh -c` wrappers have their $VAR, ${VAR:-x} and $((...)) words evaluated.
 """

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from xpyd_emulator.cmdline import EmulatorConfig, parse_engine_command
 from xpyd_emulator.errors import CommandLineError
+from xpyd_emulator.member import run_rank
 from xpyd_emulator.options import KNOBS
 from xpyd_emulator.server import serve
 from xpyd_perf import UnknownGpuError, resolve_gpu
@@ -35,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="xpyd emulate",
         description="Serve vLLM's API, metrics and KV-transfer protocol with modelled timings.",
         epilog="env: XPYD_BIND_HOST, XPYD_GPU, XPYD_SPEEDUP, XPYD_ZERO_DELAY, XPYD_NODE_NAME, "
-        "XPYD_NVLINK_DOMAIN, XPYD_KV_LEASE_SECONDS (else VLLM_NIXL_ABORT_REQUEST_TIMEOUT, default 30), "
+        "XPYD_NVLINK_DOMAIN, XPYD_HOSTS_FILE (resolves a multi-node replica's leader), "
+        "XPYD_KV_LEASE_SECONDS (else VLLM_NIXL_ABORT_REQUEST_TIMEOUT, default 30), "
         f"VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT, {env_names}",
     )
     p.add_argument("--gpu", default=None, help="B200 | GB200 | H100 | H200 (default: $XPYD_GPU or B200)")
@@ -81,11 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         pass
     try:
+        if not cfg.group.api:  # a non-API rank of a multi-node replica: join the leader, exit when it goes
+            return asyncio.run(run_rank(cfg))
         asyncio.run(serve(cfg))
     except OSError as exc:
         reason = exc.strerror or str(exc)
+        group = f"/group port {cfg.group.leader_port}" if cfg.group.multi_node else ""
         return _fail(
-            f"cannot serve on {cfg.host}:{cfg.port} (or its side-channel/bootstrap/KV-events port): {reason}; "
+            f"cannot serve on {cfg.host}:{cfg.port} (or its side-channel/bootstrap/KV-events{group} port): {reason}; "
             "free the port or pick another (--port, VLLM_NIXL_SIDE_CHANNEL_PORT, XPYD_BIND_HOST)"
         )
     return 0

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,8 @@ from xpyd_api import labels
 from xpyd_emulator.errors import CommandLineError
 from xpyd_emulator.kv_events import KvEventsConfig, parse_kv_events
 from xpyd_emulator.options import env_value, flag_word, knob_values, number
+from xpyd_emulator.parallel import GroupPlan, Layout, add_flags, read_group
+from xpyd_emulator.shellwords import engine_args, split_shell
 
 __all__ = ["CommandLineError", "EmulatorConfig", "parse_engine_command"]
 DEFAULT_SIDE_CHANNEL_PORT = labels.NIXL_PORT
@@ -69,6 +69,10 @@ class EmulatorConfig:
     body_timeout: float = 30.0
     max_body_bytes: int = 16 << 20
     max_connections: int = 4096
+    layout: Layout = field(default_factory=Layout)  # what the timings model: the whole replica on its leader
+    group: GroupPlan = field(default_factory=GroupPlan)  # this pod's rank in a multi-node replica
+    join_timeout: float = 300.0
+    heartbeat_timeout: float = 5.0
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -89,6 +93,7 @@ def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
 
 PORT = _typed(number(int, 1, 65535))
 POSITIVE = _typed(number(int, 1))
+INDEX = _typed(number(int, 0))
 BLOCK = _typed(number(int, 1, 1024))
 FRACTION = _typed(number(float, 0, 1, open_low=True))
 
@@ -101,7 +106,8 @@ def _engine_parser(engine: str) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tp", type=POSITIVE, default=1)
     p.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", dest="dp", type=POSITIVE, default=1)
-    p.add_argument("--enable-expert-parallel", "--enable-dp-attention", dest="dp_attn", action="store_true")
+    p.add_argument("--enable-expert-parallel", dest="ep_flag", action="store_true")
+    p.add_argument("--enable-dp-attention", dest="dp_attn", action="store_true")
     p.add_argument("--kv-transfer-config", default=None)
     p.add_argument("--kv-events-config", default=None)
     p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=POSITIVE, default=None)
@@ -115,6 +121,7 @@ def _engine_parser(engine: str) -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-mode", choices=("null", "prefill", "decode"), default=None)
     p.add_argument("--disaggregation-bootstrap-port", type=PORT, default=None)
     p.add_argument("--config", default=None)
+    add_flags(p, engine, POSITIVE, INDEX, PORT)
     return p
 
 
@@ -186,47 +193,6 @@ def _kv_config(text: str) -> dict[str, object]:
     return config
 
 
-def _split_shell(tokens: list[str]) -> list[str]:
-    """Unwrap `sh -c "..."`, `exec` and `env A=B` prefixes so the engine command comes first."""
-    while tokens:
-        head = os.path.basename(tokens[0])
-        if head in {"sh", "bash", "dash"} and "-c" in tokens:
-            tokens = shlex.split(tokens[tokens.index("-c") + 1])
-        elif head in {"exec", "env"} or ("=" in tokens[0] and not tokens[0].startswith("-")):
-            tokens = tokens[1:]
-        else:
-            break
-    return tokens
-
-
-def _engine_args(tokens: list[str]) -> tuple[str, str | None, list[str]]:
-    """(engine, positional model or None, flags) for the recognised command line forms."""
-    if not tokens:
-        raise CommandLineError("missing the vLLM command line after `--` (e.g. `vllm serve MODEL --port 8000`)")
-    head = os.path.basename(tokens[0])
-    if tokens[0].startswith("-"):  # only args: the image's entrypoint is vLLM's api_server
-        return "vllm", None, tokens
-    if head == "vllm":
-        if len(tokens) < 2 or tokens[1] != "serve":
-            raise CommandLineError(f"expected `vllm serve MODEL ...`, got {shlex.join(tokens[:3])!r}")
-        rest = tokens[2:]
-        if rest and not rest[0].startswith("-"):
-            return "vllm", rest[0], rest[1:]
-        return "vllm", None, rest
-    if head.startswith("python") and len(tokens) >= 3 and tokens[1] == "-m":
-        module = tokens[2]
-        if module.startswith("vllm.entrypoints"):
-            return "vllm", None, tokens[3:]
-        if module.startswith("sglang.launch_server"):
-            return "sglang", None, tokens[3:]
-        raise CommandLineError(f"python module {module!r} is neither vLLM's api_server nor sglang.launch_server")
-    raise CommandLineError(
-        f"not a vLLM or SGLang command line: {shlex.join(tokens[:4])!r}; expected "
-        "`vllm serve MODEL ...`, `python3 -m vllm.entrypoints.openai.api_server --model M ...` "
-        "or `python3 -m sglang.launch_server ...`"
-    )
-
-
 def parse_engine_command(
     command: Sequence[str],
     env: Mapping[str, str],
@@ -237,7 +203,7 @@ def parse_engine_command(
     flags: Mapping[str, str | None] | None = None,
 ) -> EmulatorConfig:
     """The emulator configuration for an engine command line plus env (flags given win over env)."""
-    engine, model, args = _engine_args(_split_shell(list(command)))
+    engine, model, args = engine_args(split_shell(list(command), env))
     parser = _engine_parser(engine)
     try:
         ns, extra = parser.parse_known_args(args)
@@ -260,7 +226,7 @@ def parse_engine_command(
         port=ns.port,
         tp=ns.tp,
         dp=ns.dp,
-        dp_attention=bool(ns.dp_attn and ns.dp > 1),
+        dp_attention=bool((ns.dp_attn or ns.ep_flag) and ns.dp > 1),
         kv_transfer_config=_kv_config(ns.kv_transfer_config) if ns.kv_transfer_config else None,
         kv_events=parse_kv_events(ns.kv_events_config, engine) if ns.kv_events_config else None,
         max_model_len=ns.max_model_len,
@@ -283,6 +249,8 @@ def parse_engine_command(
         side_channel_port=side_port,
         extra_args=extra,
     )
+    mode = None if ns.disaggregation_mode == "null" else ns.disaggregation_mode
+    cfg.group, cfg.layout = read_group(ns, engine, env, mode)
     for name, value in knob_values(flags or {}, env).items():
         setattr(cfg, name, value)
     if cfg.speedup <= 0:

@@ -19,6 +19,8 @@ from typing import Any
 from xpyd_emulator.metrics import EngineMetrics
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_perf import GpuSpec, ModelSpec, attention_flops, step_seconds
+from xpyd_perf.timing import group_step_seconds
+from xpyd_perf.topology import Parallelism
 
 
 class Sequence:
@@ -74,10 +76,14 @@ class Engine:
         speedup: float = 1.0,
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
+        parallel: Parallelism | None = None,
+        rank_budget: int | None = None,
     ) -> None:
         self.model, self.gpu, self.tp, self.pool, self.metrics = model, gpu, tp, pool, metrics
+        self.parallel = parallel  # a data/expert-parallel replica (all its ranks as one engine); None: plain TP
         self.speedup = speedup
         self.budget = max_num_batched_tokens
+        self.rank_budget = rank_budget or max_num_batched_tokens  # one sequence's chunk: one rank's budget
         self.max_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -163,7 +169,7 @@ class Engine:
 
     def schedule(self, now: float) -> tuple[list[Sequence], list[tuple[Sequence, int]], float]:
         """Pick this step's decodes and prefill chunks; returns them and the step's modelled time."""
-        budget = self.budget
+        budget, largest = self.budget, 0
         decodes: list[Sequence] = []
         chunks: list[tuple[Sequence, int]] = []
         attn = 0.0
@@ -176,8 +182,9 @@ class Engine:
                 kv_read += ctx
                 budget -= 1
             elif budget > 0:
-                n = min(seq.prompt - seq.computed, budget)
+                n = min(seq.prompt - seq.computed, budget, self.rank_budget)
                 chunks.append((seq, n))
+                largest = max(largest, n)
                 attn += attention_flops(self.model, seq.computed, seq.computed + n)
                 kv_read += seq.computed + n
                 budget -= n
@@ -192,13 +199,21 @@ class Engine:
             seq.blocks = need
             self.running.append(seq)
             self.metrics.queue.observe(now - seq.arrival)
-            n = min(seq.prompt - seq.computed, budget)
+            n = min(seq.prompt - seq.computed, budget, self.rank_budget)
             chunks.append((seq, n))
+            largest = max(largest, n)
             attn += attention_flops(self.model, seq.computed, seq.computed + n)
             kv_read += seq.computed + n
             budget -= n
         tokens = self.budget - budget
-        seconds = step_seconds(self.model, self.gpu, tp=self.tp, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read)
+        if self.parallel is not None:  # a sequence lives on one data-parallel rank: the busiest sets the pace
+            busiest = max(-(-tokens // max(1, self.parallel.dp)), largest)
+            seconds = group_step_seconds(self.model, self.gpu, self.parallel, tokens=tokens, attn_flops=attn,
+                                         kv_tokens_read=kv_read, busiest=busiest)  # fmt: skip
+        else:
+            seconds = step_seconds(
+                self.model, self.gpu, tp=self.tp, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read
+            )
         return decodes, chunks, seconds
 
     def apply(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]], now: float) -> None:

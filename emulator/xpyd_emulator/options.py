@@ -82,6 +82,12 @@ KNOBS = (
          "largest request body in MiB (default 16); larger ones get 413"),
     Knob("max_connections", "--max-connections", "XPYD_MAX_CONNECTIONS", number(int, 1, 1_000_000), 4096,
          "open client connections at most; more get 503 and are closed (default 4096)"),
+    Knob("join_timeout", "--join-timeout", "XPYD_JOIN_TIMEOUT", number(float, 0, 86400, True), 300.0,
+         "seconds a non-API rank of a multi-node replica keeps trying to join its leader before it exits 1 "
+         "(default 300)"),
+    Knob("heartbeat_timeout", "--heartbeat-timeout", "XPYD_HEARTBEAT_TIMEOUT", number(float, 0.2, 600), 5.0,
+         "seconds of silence after which a multi-node replica's leader counts a rank lost (its /health turns "
+         "503 for good) and a rank its leader (it exits 1); default 5"),
 )  # fmt: skip
 
 

@@ -233,7 +233,8 @@ async def serve(
             await runner.setup()
             runners.append(runner)
             await GuardedSite(runner, host, port, worker.limits).start()
-        log.info("emulating %s (%s x%d, %d KV blocks) on %s:%d; KV peers %s", cfg.model, worker.gpu.name, cfg.tp,
+        gpus = cfg.layout.world if worker.wide else cfg.tp
+        log.info("emulating %s (%s x%d, %d KV blocks) on %s:%d; KV peers %s", cfg.model, worker.gpu.name, gpus,
                  worker.pool.num_blocks, cfg.host, cfg.port, worker.peers.describe())  # fmt: skip
         await stop.wait()
         await _drain(worker, cfg.drain_seconds if drain_seconds is None else drain_seconds, force)

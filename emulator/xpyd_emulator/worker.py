@@ -17,7 +17,10 @@ from xpyd_emulator.errors import ApiError
 from xpyd_emulator.httpguard import Limits, connection_cap
 from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.kvtransfer import LeaseTable, pull_blocks
+from xpyd_emulator.leader import GroupLeader
+from xpyd_emulator.member import identity
 from xpyd_emulator.metrics import EngineMetrics
+from xpyd_emulator.parallel import domain_gpus, gpu_blocks, replica_blocks, wide
 from xpyd_emulator.peers import PeerPolicy, RemoteKv, check_peer, nixl_flags, nixl_remote
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.protocol import ParsedRequest
@@ -35,14 +38,6 @@ log = logging.getLogger("xpyd.emulator")
 FALLBACK_MODEL = "llama-3.1-8b"
 
 
-def gpu_blocks(cfg: EmulatorConfig, weight_bytes: float, kv_bytes_per_token: int, hbm_bytes: float) -> int:
-    """KV blocks in the HBM left after weights, as vLLM sizes its cache (or the override)."""
-    if cfg.num_gpu_blocks_override:
-        return cfg.num_gpu_blocks_override
-    free = cfg.tp * hbm_bytes * cfg.gpu_memory_utilization - weight_bytes
-    return max(16, int(free // (kv_bytes_per_token * cfg.block_size)))
-
-
 class Worker:
     """State shared by the HTTP handlers of one emulator process."""
 
@@ -54,14 +49,27 @@ class Worker:
             log.warning("model %r is not in the catalog; timing it as %s", cfg.model, FALLBACK_MODEL)
             self.spec = resolve_model(FALLBACK_MODEL)
         self.gpu = resolve_gpu(cfg.gpu)
-        blocks = gpu_blocks(cfg, self.spec.weight_bytes, self.spec.kv_bytes_per_token, self.gpu.hbm_bytes)
-        self.max_model_len = min(cfg.max_model_len or self.spec.max_model_len, blocks * cfg.block_size)
+        layout, self.wide = cfg.layout, wide(cfg)
+        if self.wide:
+            blocks = replica_blocks(cfg, self.spec, self.gpu.hbm_bytes)
+            rank_blocks = blocks // layout.dp  # one sequence lives on one data-parallel rank
+        else:
+            blocks = rank_blocks = gpu_blocks(cfg, self.spec.weight_bytes, self.spec.kv_bytes_per_token,
+                                              self.gpu.hbm_bytes)  # fmt: skip
+        self.max_model_len = min(cfg.max_model_len or self.spec.max_model_len, rank_blocks * cfg.block_size)
         self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.metrics = EngineMetrics(cfg.served_model_names[0], cfg.block_size, blocks)
+        ranks = layout.dp if cfg.engine == "vllm" else 1  # vLLM's limits are per rank, SGLang's for the replica
         self.engine = Engine(
             self.spec, self.gpu, cfg.tp, self.pool, self.metrics, speedup=cfg.speedup,
-            max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens * ranks, max_num_seqs=cfg.max_num_seqs * ranks,
+            parallel=layout.parallelism(domain_gpus(self.gpu.name)) if self.wide else None,
+            rank_budget=cfg.max_num_batched_tokens // (1 if cfg.engine == "vllm" else layout.dp) or 1,
         )  # fmt: skip
+        self.group: GroupLeader | None = None
+        if cfg.group.multi_node:  # the leader: ranks 1..N-1 join it; it models all their GPUs
+            self.group = GroupLeader(identity(cfg), cfg.host, cfg.group.leader_port, cfg.heartbeat_timeout,
+                                     self._group_complete)  # fmt: skip
         self.engine_id = str(uuid.uuid4())
         self.peers = PeerPolicy.parse(cfg.kv_peers) if cfg.kv_peers else PeerPolicy.around(cfg.side_channel_host)
         self.leases = LeaseTable(self.pool, self.engine_id, cfg.kv_lease_seconds)
@@ -83,7 +91,16 @@ class Worker:
         self._session: aiohttp.ClientSession | None = None
         self.kv_events: ZmqPublisher | None = None
 
+    def _group_complete(self, domains: list[str | None]) -> None:
+        """Every rank joined: time the all-to-all over the NVLink domains the ranks report."""
+        layout = self.cfg.layout
+        span = max(1, layout.world // len(set(domains))) if all(domains) else domain_gpus(self.gpu.name)
+        self.engine.parallel = layout.parallelism(span)
+        log.info("all %d ranks joined: %s", len(domains), self.engine.parallel.describe())
+
     async def start(self) -> None:
+        if self.group is not None:  # binds the group's port first: may raise OSError
+            await self.group.start()
         events = self.cfg.kv_events
         if events is not None and self.cfg.enable_prefix_caching:  # binds its ports first: may raise OSError
             self.kv_events = ZmqPublisher(events, self.cfg.host, self.cfg.block_size, per_page=self.sglang)
@@ -123,6 +140,8 @@ class Worker:
                 await task
         if self._session is not None:
             await self._session.close()
+        if self.group is not None:
+            await self.group.stop()
         if self.kv_events is not None:
             self.engine.on_events = None
             await asyncio.to_thread(self.kv_events.shutdown)
@@ -132,6 +151,8 @@ class Worker:
         """Why this engine should not get traffic (None when healthy): draining, or wedged."""
         if self.draining:
             return "draining: this worker is shutting down"
+        if self.group is not None and (group := self.group.problem()):
+            return group
         if any(task.done() for task in self._tasks):
             return "engine loop stopped"
         if self.engine.stalled(asyncio.get_running_loop().time(), self.wedge_seconds):

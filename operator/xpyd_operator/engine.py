@@ -65,7 +65,7 @@ def _vllm_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> 
 def _sglang_argv(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> list[str]:
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
     argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT)]
-    argv += ["--tp", str(pool.tp * pool.data_parallel_size)]  # SGLang's --tp spans the data-parallel attention ranks
+    argv += ["--tp-size", str(pool.tp * pool.data_parallel_size)]  # spans the data-parallel attention ranks
     if pool.pipeline_parallel_size > 1:
         argv += ["--pp-size", str(pool.pipeline_parallel_size)]
     if pool.data_parallel_size > 1:  # SGLang's --tp is the world size; data-parallel attention splits it
@@ -115,6 +115,8 @@ def env(spec: DisaggregatedDeploymentSpec, owner_name: str, role: str, domain: s
         {"name": L.ENV_ROLE, "value": role},
         {"name": L.ENV_DEPLOYMENT, "value": owner_name},
     ]
+    if spec.engine.kind == "emulator":  # the emulator binds its HTTP and rank-join ports to this address
+        out.append(_field("XPYD_BIND_HOST", "status.podIP"))
     topology = spec.topology.hardware
     if domain is not None:
         out.append({"name": L.ENV_NVLINK_DOMAIN, "value": domain})

@@ -5,8 +5,9 @@ LWS_GROUP_SIZE and LWS_WORKER_INDEX (DESIGN.md section 11, REFERENCES.md (b)/(c)
 (index 0) runs the engine's API server; the other ranks join it:
 - vLLM data/expert parallel: every pod runs `--data-parallel-size-local` ranks, meets the leader at
   `--data-parallel-address`/`--data-parallel-rpc-port`; non-leaders are `--headless` and start at
-  rank index x local ranks. Tensor/pipeline parallel across nodes: `--nnodes`, `--node-rank`,
-  `--master-addr`, `--master-port`, non-leaders `--headless`.
+  rank index x local ranks (vLLM >= 0.10). Tensor/pipeline parallel across nodes: `--nnodes`,
+  `--node-rank`, `--master-addr`, `--master-port`, non-leaders `--headless` (vLLM >= 0.11.1: v0.11.0
+  needs Ray for it, so such a pool needs spec.engine.image at v0.11.1 or later).
 - SGLang: `--nnodes`, `--node-rank`, `--dist-init-addr leader:port`; only node rank 0 serves HTTP.
 - Wide expert parallel picks the MoE all-to-all kernel by role: throughput for prefill, latency for decode
   (SGLang: flags here; vLLM v0.11: the VLLM_ALL2ALL_BACKEND environment, see podneeds).

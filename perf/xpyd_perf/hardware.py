@@ -2,7 +2,8 @@
 
 Figures follow DESIGN.md sections 4 and 8. Bandwidths are per direction: NVLink 1.8 TB/s "per
 GPU" counts both directions, so one direction carries 900 GB/s on B200/GB200 (450 GB/s on
-H100/H200); a 400 Gb/s NIC carries at most 50 GB/s per direction.
+H100/H200); a 400 Gb/s NIC carries at most 50 GB/s per direction. The H800 (DeepSeek's V3/R1
+serving GPU, the seeds' reference deployment) is an H100 with NVLink cut to 400 GB/s both ways.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ _NIC_400G: Final = 50e9
 GPUS: Final[dict[str, GpuSpec]] = {
     "H100": GpuSpec("H100", 0.989e15, 1.979e15, 80e9, 3.35e12, 450e9, _NIC_400G),
     "H200": GpuSpec("H200", 0.989e15, 1.979e15, 141e9, 4.8e12, 450e9, _NIC_400G),
+    "H800": GpuSpec("H800", 0.989e15, 1.979e15, 80e9, 3.35e12, 200e9, _NIC_400G),
     "B200": GpuSpec("B200", 2.25e15, 4.5e15, 180e9, 8.0e12, 900e9, _NIC_400G),
     "GB200": GpuSpec("GB200", 2.5e15, 5.0e15, 186e9, 8.0e12, 900e9, _NIC_400G),
 }

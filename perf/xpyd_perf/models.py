@@ -37,6 +37,7 @@ class ModelSpec:
     experts: int = 0  # 0 for dense models
     experts_per_token: int = 0
     mla: bool = False  # multi-head latent attention: the KV cache is not split by heads
+    moe_layers: int = 0  # layers with routed experts (0: every layer of an MoE model)
 
     @property
     def weight_bytes(self) -> float:
@@ -60,6 +61,24 @@ class ModelSpec:
             return 0.0
         return (self.params - self.active_params) / (1.0 - self.experts_per_token / self.experts)
 
+    @property
+    def moe_layer_count(self) -> int:
+        """Layers whose tokens go through routed experts (and so through an all-to-all under EP)."""
+        if not self.is_moe:
+            return 0
+        return self.moe_layers or self.layers
+
+    @property
+    def dense_bytes(self) -> float:
+        """Bytes of the weights every token uses: attention, shared experts, dense layers, embeddings."""
+        return (self.params - self.expert_params) * self.weight_bytes_per_param
+
+    def experts_touched(self, tokens: int) -> float:
+        """Share of the routed experts at least one of `tokens` tokens picks: 1 - (1 - k/E)^tokens."""
+        if not self.is_moe or tokens <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens
+
     def weight_bytes_read(self, tokens: int) -> float:
         """Weight bytes one forward pass over `tokens` tokens reads from HBM.
 
@@ -69,11 +88,7 @@ class ModelSpec:
         """
         if not self.is_moe or tokens <= 0:
             return self.weight_bytes if tokens > 0 else 0.0
-        frac = self.experts_per_token / self.experts
-        expert_params = self.expert_params
-        shared_params = self.params - expert_params
-        touched = 1.0 - (1.0 - frac) ** tokens
-        return (shared_params + expert_params * touched) * self.weight_bytes_per_param
+        return self.dense_bytes + self.expert_params * self.experts_touched(tokens) * self.weight_bytes_per_param
 
 
 # Bytes per stored weight by type. FP4 is NVIDIA's NVFP4: 4-bit values plus one FP8 scale per 16.
@@ -113,7 +128,7 @@ _BASE: Final[dict[str, ModelSpec]] = {
         ),
         ModelSpec(
             "deepseek-v3", "deepseek-ai/DeepSeek-V3", 671e9, 37e9, 61, 7168, 128, 1, 160,
-            70_272, 1.0, "fp8", 163_840, experts=256, experts_per_token=8, mla=True,
+            70_272, 1.0, "fp8", 163_840, experts=256, experts_per_token=8, mla=True, moe_layers=58,
         ),
         ModelSpec(
             "gpt-oss-120b", "openai/gpt-oss-120b", 116.8e9, 5.1e9, 36, 2880, 64, 8, 64,

@@ -13,6 +13,9 @@ All functions are pure and take seconds of modelled GPU time (no speed-up applie
   ``lanes`` links in parallel (the cache split by heads over TP ranks, one NIC each).
 - ``stall_seconds``: the decode time co-located streams lose while a prompt is prefilled
   next to them in chunks (zero while the chunk fits under the step's memory-bound slack).
+- ``group_step_seconds(model, gpu, par, ...)``: one step of a replica laid out as `par` (data
+  and expert parallel, possibly over many nodes; ``group_step_parts`` splits it into compute,
+  HBM and all-to-all); ``a2a_seconds``: its MoE all-to-all.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Final
 
 from xpyd_perf.hardware import NVLINK, RDMA, GpuSpec, KvPath
 from xpyd_perf.models import ModelSpec
+from xpyd_perf.topology import Parallelism
 
 MFU: Final = 0.40  # share of dense peak FLOP/s a large prefill reaches
 HBM_EFFICIENCY: Final = 0.80  # share of HBM bandwidth a decode step reaches
@@ -29,6 +33,11 @@ NIC_EFFICIENCY: Final = 1.0  # the seed's 400 Gb/s = 50 GB/s per direction
 STEP_OVERHEAD_S: Final = 0.0008  # scheduler + kernel launches per engine step (CUDA graphs)
 HANDOFF_LATENCY_S: Final[dict[str, float]] = {NVLINK: 0.0002, RDMA: 0.001}  # setup, notification
 DEFAULT_CHUNK_TOKENS: Final = 8192  # vLLM's default max_num_batched_tokens
+# MoE all-to-all: DeepEP sends FP8 activations (one scale per 128 values) and combines in BF16.
+DISPATCH_BYTES_PER_VALUE: Final = 1.0 + 4.0 / 128
+COMBINE_BYTES_PER_VALUE: Final = 2.0
+A2A_NIC_EFFICIENCY: Final = 0.90  # DeepEP reaches ~43-47 GB/s of a 50 GB/s 400G NIC
+A2A_LATENCY_S: Final[dict[str, float]] = {NVLINK: 5e-6, RDMA: 20e-6}  # per dispatch or combine
 
 
 def kv_bytes(model: ModelSpec, tokens: int, kv_bytes_per_token: int | None = None) -> int:
@@ -157,3 +166,90 @@ def stall_seconds(
         stall += mixed - base if decode_batch > 0 else mixed
         done = end
     return stall
+
+
+def a2a_bytes(model: ModelSpec, par: Parallelism, tokens: int, busiest: float | None = None) -> tuple[float, float]:
+    """(NVLink bytes, NIC bytes) one GPU sends in one MoE layer's dispatch + combine for a step of `tokens`.
+
+    Each GPU dispatches its rank's tokens (`busiest` on the busiest data-parallel rank, by default
+    an even tokens / dp) split over its tp GPUs, to k experts picked uniformly over the `world`
+    expert-parallel ranks. Copies to GPUs of its own NVLink domain ride NVLink. Low-latency kernels
+    send every copy for another domain over the NIC; the throughput kernels send a token once per
+    remote domain it needs and forward it over NVLink there.
+    """
+    if not (par.expert_parallel and model.is_moe) or tokens <= 0 or par.world <= 1:
+        return 0.0, 0.0
+    world, near = par.world, par.nvlink_gpus
+    per_gpu = (tokens / max(1, par.dp) if busiest is None else busiest) / max(1, par.tp)
+    copies = per_gpu * model.experts_per_token
+    per_copy = model.hidden * (DISPATCH_BYTES_PER_VALUE + COMBINE_BYTES_PER_VALUE)
+    if par.a2a == "low_latency":
+        return copies * (near - 1) / world * per_copy, copies * (world - near) / world * per_copy
+    domains = world / near
+    remote = per_gpu * (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** model.experts_per_token)
+    return copies * (near - 1) / near * per_copy, remote * per_copy
+
+
+def a2a_seconds(model: ModelSpec, gpu: GpuSpec, par: Parallelism, tokens: int, busiest: float | None = None) -> float:
+    """The all-to-all time of one step over every MoE layer a GPU runs (0 without expert parallel)."""
+    nvlink, nic = a2a_bytes(model, par, tokens, busiest)
+    if nvlink <= 0 and nic <= 0:
+        return 0.0
+    path = RDMA if par.spans_domains else NVLINK
+    per_layer = max(nvlink / link_bandwidth(gpu, NVLINK), nic / (gpu.nic_bandwidth * A2A_NIC_EFFICIENCY))
+    per_layer += 2 * A2A_LATENCY_S[path]
+    return per_layer * model.moe_layer_count / max(1, par.pp)
+
+
+def group_step_parts(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    par: Parallelism,
+    *,
+    tokens: int,
+    attn_flops: float,
+    kv_tokens_read: int,
+    busiest: int | None = None,
+) -> tuple[float, float, float]:
+    """(compute, HBM, all-to-all) seconds of the busiest GPU in a replica step (see ``group_step_seconds``)."""
+    if tokens <= 0:
+        return 0.0, 0.0, 0.0
+    dp, shard = max(1, par.dp), max(1, par.tp) * max(1, par.pp)
+    rank = min(1.0, max(1.0 / dp, (busiest or 0) / tokens))  # the busiest rank's share of the step
+    peak = gpu.peak_flops(model.compute_dtype) * MFU
+    routed = model.expert_params * model.experts_per_token / model.experts if model.is_moe else 0.0
+    compute = (2.0 * (model.active_params - routed) * tokens * rank + attn_flops * rank) / (shard * peak)
+    compute += 2.0 * routed * tokens / (par.world * peak)  # the experts' work is spread over every GPU
+    experts = model.expert_params * model.weight_bytes_per_param * model.experts_touched(tokens) / par.world
+    kv_split = max(1, par.pp) * (1 if model.mla else max(1, min(par.tp, model.kv_heads)))
+    memory = model.dense_bytes / shard + experts + kv_tokens_read * rank * model.kv_bytes_per_token / kv_split
+    return compute, memory / (gpu.hbm_bandwidth * HBM_EFFICIENCY), a2a_seconds(model, gpu, par, tokens, tokens * rank)
+
+
+def group_step_seconds(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    par: Parallelism,
+    *,
+    tokens: int,
+    attn_flops: float,
+    kv_tokens_read: int,
+    busiest: int | None = None,
+) -> float:
+    """One step of a whole replica: `tokens` over all its data-parallel ranks.
+
+    Ranks run in lockstep, so the step lasts as long as its busiest GPU: `busiest` tokens on one
+    rank (default: an even tokens / dp; a lone long prompt sits on one rank). Per GPU: compute =
+    2 x (dense active params x its rank's tokens + routed expert params x tokens / world) +
+    attention, at peak x MFU; HBM = its tp x pp shard of the dense weights (replicated per rank)
+    + its 1/world of the routed experts any token touches + its rank's KV read (a latent MLA cache
+    is whole on every tensor-parallel rank, a per-head one split over min(tp, kv heads)). The
+    all-to-all adds to max(compute, HBM), or hides behind it with two micro-batches (`overlap`).
+    """
+    if tokens <= 0:
+        return 0.0
+    compute, memory, comm = group_step_parts(
+        model, gpu, par, tokens=tokens, attn_flops=attn_flops, kv_tokens_read=kv_tokens_read, busiest=busiest
+    )
+    core = max(compute, memory)
+    return (max(core, comm) if par.overlap else core + comm) + STEP_OVERHEAD_S

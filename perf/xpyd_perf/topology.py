@@ -4,12 +4,14 @@ Every module that needs a fact about a system kind (placement, the engine's envi
 CRD's rules, the simulator, the local cluster's fake nodes) asks a `Topology` from this table
 instead of comparing names (DESIGN.md sections 4 and 10). A new kind (GB300 NVL72) is one more
 entry; `offered` makes a modelled kind (HGX H200) a `spec.topology.kind` users may pick.
+`Parallelism` says how one replica spreads over a kind's GPUs, for the timings of wide expert
+parallel replicas that span nodes (`replica_parallelism`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 from xpyd_perf.hardware import GPU_ALIASES, GPUS, NVLINK, RDMA, GpuSpec, KvPath, UnknownGpuError, lookup
 
@@ -20,6 +22,11 @@ GPU_CLIQUE: Final = "nvidia.com/gpu.clique"  # <ClusterUUID>.<CliqueID>: one NVL
 ARCH: Final = "kubernetes.io/arch"
 
 NvlinkDomain = Literal["node", "clique"]
+# The MoE all-to-all kernels: DeepEP's normal (throughput, prefill) kernels send a token once per
+# remote NVLink domain and forward it over NVLink there; its low-latency (decode) kernels send one
+# copy per expert straight over RDMA. vLLM: --all2all-backend; SGLang: --deepep-mode.
+A2aKind = Literal["high_throughput", "low_latency"]
+A2A_KINDS: Final[tuple[A2aKind, ...]] = get_args(A2aKind)
 
 
 class UnknownTopologyError(ValueError):
@@ -76,6 +83,62 @@ class Topology:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """One replica's layout: tp x pp GPUs per data-parallel rank, dp ranks, experts over all of them.
+
+    Attention and the dense layers run per data-parallel rank (their weights replicated dp times);
+    routed experts are spread over all `world` GPUs (expert parallel with an all-to-all per MoE
+    layer, or split by tensor parallel when `expert_parallel` is off). `domain_gpus` of the replica's
+    GPUs share one NVLink domain; traffic between domains crosses the NICs.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    expert_parallel: bool = False
+    domain_gpus: int = 8
+    a2a: A2aKind = "high_throughput"
+    overlap: bool = False  # two micro-batches hide the all-to-all behind compute (vLLM DBO, SGLang TBO)
+
+    @property
+    def world(self) -> int:
+        """GPUs of the whole replica."""
+        return max(1, self.tp) * max(1, self.pp) * max(1, self.dp)
+
+    @property
+    def nvlink_gpus(self) -> int:
+        """GPUs of the replica one all-to-all reaches over NVLink (its own domain)."""
+        return max(1, min(self.domain_gpus, self.world))
+
+    @property
+    def spans_domains(self) -> bool:
+        """Whether the replica's all-to-all crosses NICs (it spans NVLink domains)."""
+        return self.world > self.domain_gpus
+
+    def describe(self) -> str:
+        """E.g. 'DP32 x TP1 over 32 GPUs, EP (high_throughput a2a, 4 NVLink domains)'."""
+        domains = -(-self.world // self.nvlink_gpus)
+        span = f"{domains} NVLink domain{'s' if domains > 1 else ''}"
+        ep = f", EP ({self.a2a} a2a, {span})" if self.expert_parallel else ""
+        pp = f" x PP{self.pp}" if self.pp > 1 else ""
+        return f"DP{self.dp} x TP{self.tp}{pp} over {self.world} GPUs{ep}"
+
+
+def replica_parallelism(
+    topology: Topology,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    *,
+    expert_parallel: bool = False,
+    a2a: A2aKind = "high_throughput",
+    overlap: bool = False,
+) -> Parallelism:
+    """The layout of a replica placed on `topology`: its NVLink domain is the node (HGX) or rack (NVL72)."""
+    return Parallelism(tp, pp, dp, expert_parallel, topology.domain_gpus, a2a, overlap)
+
+
 _ONE_NIC_PER_GPU: Final = "400 Gb/s RDMA NICs, one per GPU, rail-optimized"
 
 
@@ -101,6 +164,10 @@ TOPOLOGIES: Final[dict[str, Topology]] = _table(
         "HGX-H200", GPUS["H200"], 8, "node", 8, "NVIDIA-H200", "amd64", _ONE_NIC_PER_GPU,
         compute_domain=False, offered=False, description="HGX H200: 8x H200 per node",
     ),
+    Topology(
+        "HGX-H800", GPUS["H800"], 8, "node", 8, "NVIDIA-H800", "amd64", _ONE_NIC_PER_GPU,
+        compute_domain=False, offered=False, description="HGX H800: 8x H800 per node (DeepSeek's V3/R1 serving)",
+    ),
 )  # fmt: skip
 
 OFFERED: Final[tuple[str, ...]] = tuple(name for name, t in TOPOLOGIES.items() if t.offered)
@@ -108,6 +175,7 @@ OFFERED: Final[tuple[str, ...]] = tuple(name for name, t in TOPOLOGIES.items() i
 _TOPOLOGY_ALIASES: Final[dict[str, str]] = {
     "hgx-h100": "H100",
     "h200": "HGX-H200",
+    "h800": "HGX-H800",
     "b200": "HGX-B200",
     "gb200": "GB200-NVL72",
     "nvl72": "GB200-NVL72",

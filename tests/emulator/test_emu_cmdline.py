@@ -72,18 +72,19 @@ def test_bad_command_lines(command: list[str], message: str) -> None:
 
 REAL_ENGINE_FLAGS = shlex.split(
     "--enable-chunked-prefill --trust-remote-code --disable-log-requests --enable-log-requests "
-    "--max-num-partial-prefills 2 --long-prefill-token-threshold 8 --data-parallel-size-local 1 "
-    "--data-parallel-rank 0 --data-parallel-address 10.0.0.1 --data-parallel-rpc-port 13345 "
-    "--ec-transfer-config {} --pipeline-parallel-size 1 --max-seq-len-to-capture 8 "
+    "--max-num-partial-prefills 2 --long-prefill-token-threshold 8 --data-parallel-backend mp "
+    "--enable-eplb --eplb-config {} --expert-placement-strategy linear --dbo-decode-token-threshold 32 "
+    "--ec-transfer-config {} --decode-context-parallel-size 1 --max-seq-len-to-capture 8 "
     "--kv-cache-dtype fp8 --enforce-eager --max-logprobs 5 --dtype auto --quantization fp8 --seed 1 "
     "--swap-space 4 --cpu-offload-gb 0 --enable-lora --max-loras 2 --max-lora-rank 8 --tokenizer t "
     "--load-format auto --disable-log-stats --api-key k --chat-template t --tool-call-parser hermes "
     "--enable-auto-tool-choice --reasoning-parser r --speculative-config {} --compilation-config {} "
-    "--async-scheduling --enable-dp-lm-head --pp-size 1 --ep-size 1 --enable-mixed-chunk "
+    "--async-scheduling --enable-dp-lm-head --distributed-executor-backend mp --enable-mixed-chunk "
     "--disaggregation-transfer-backend nixl --disaggregation-ib-device mlx5_0 --disable-cuda-graph "
     "--schedule-policy lpm --max-queued-requests 10 --attention-backend fa3 --enable-metrics "
     "--max-total-tokens 100 --cuda-graph-max-bs 8 --disaggregation-decode-tp 2 --disaggregation-decode-dp 1 "
-    "--load-balance-method round_robin --dist-init-addr a:1 --nnodes 1 --node-rank 0 --max-prefill-tokens 8"
+    "--load-balance-method round_robin --moe-runner-backend auto --dist-timeout 60 --max-prefill-tokens 8 "
+    "--ep-num-redundant-experts 32 --enable-eplb --deepep-config x --moe-dense-tp-size 1"
 )
 
 

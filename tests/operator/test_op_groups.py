@@ -119,7 +119,7 @@ def test_sglang_ranks_join_by_dist_init_addr() -> None:
     script = _cmd(out[("LeaderWorkerSet", "llama-prefill")], "worker")
     assert "--nnodes 2 --node-rank ${LWS_WORKER_INDEX:-0}" in script
     assert f"--dist-init-addr ${{LWS_LEADER_ADDRESS}}:{L.SGLANG_DIST_PORT}" in script
-    assert "--tp 16 --dp-size 16 --enable-dp-attention" in script and "--deepep-mode normal" in script
+    assert "--tp-size 16 --dp-size 16 --enable-dp-attention" in script and "--deepep-mode normal" in script
 
 
 @pytest.mark.parametrize(

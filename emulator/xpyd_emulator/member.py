@@ -1,0 +1,121 @@
+"""A non-API rank of a multi-node replica: it joins its leader, holds on, and ends when the leader goes.
+
+vLLM's `--headless` ranks serve no HTTP at all. SGLang's node ranks > 0 serve only a dummy `/health`
+and `/health_generate` on --port once their schedulers are up (SGLang 0.5's
+launch_dummy_health_check_server), so the emulator does the same after joining. The process exits 1
+when it cannot join within `--join-timeout`, when the leader refuses it, or when the leader's
+connection drops or falls silent for `--heartbeat-timeout`; 0 on SIGTERM or a leader's goodbye.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from xpyd_emulator.cmdline import EmulatorConfig
+from xpyd_emulator.httpguard import GuardedSite, Limits, connection_cap, guard_middleware
+from xpyd_emulator.ranks import Identity, RankExit, join_leader, stay_joined
+
+log = logging.getLogger("xpyd.emulator")
+
+
+def identity(cfg: EmulatorConfig, rank: int | None = None) -> Identity:
+    """What this pod tells (or, as the leader, requires of) the other ranks of its group."""
+    group = cfg.group
+    rank = group.rank if rank is None else rank
+    return Identity(rank, group.nodes, cfg.engine, cfg.model, cfg.layout.world, cfg.nvlink_domain)
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _dummy_health(cfg: EmulatorConfig) -> web.AppRunner:
+    app = web.Application(middlewares=[guard_middleware])
+    app.router.add_get("/health", _ok)
+    app.router.add_get("/health_generate", _ok)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    limits = Limits(cfg.header_timeout, cfg.body_timeout, cfg.max_body_bytes, connection_cap(cfg.max_connections))
+    try:
+        await GuardedSite(runner, cfg.host, cfg.port, limits).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def _first(work: asyncio.Task[RankExit], stop: asyncio.Event) -> RankExit | None:
+    """`work`'s result (or the RankExit it raised), or None when `stop` is set first (work cancelled)."""
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RankExit):
+            await work
+        return None
+    try:
+        return work.result()
+    except RankExit as exc:
+        return exc
+
+
+async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run this pod as rank `cfg.group.rank` until it must end; returns the exit code."""
+    group, stop = cfg.group, stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    me = identity(cfg)
+    env = dict(os.environ) if env is None else env
+    log.info("rank %d of a %d-node %s replica (%d GPUs); joining the leader %s:%d", group.rank, group.nodes,
+             cfg.engine, cfg.layout.world, group.leader_host, group.leader_port)  # fmt: skip
+    link: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def join() -> RankExit:
+        nonlocal link
+        link = await join_leader(group.leader_host, group.leader_port, me, env, cfg.join_timeout)
+        return RankExit("joined", 0)
+
+    runner: web.AppRunner | None = None
+    try:
+        ended = await _first(asyncio.create_task(join()), stop)
+        if ended is None:
+            log.info("stopped before joining")
+            return 0
+        if link is None:
+            return _report(ended)
+        log.info("rank %d joined its leader", group.rank)
+        if cfg.engine == "sglang":
+            runner = await _dummy_health(cfg)
+        ended = await _first(asyncio.create_task(stay_joined(*link, cfg.heartbeat_timeout)), stop)
+        if ended is None:
+            log.info("stopping on a signal; the leader will count this rank lost")
+            return 0
+        return _report(ended)
+    finally:
+        if link is not None:
+            link[1].close()
+        if runner is not None:
+            await runner.cleanup()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+def _report(ended: RankExit) -> int:
+    if ended.code:
+        log.error("rank exits: %s", ended)
+    else:
+        log.info("rank exits: %s", ended)
+    return ended.code
