@@ -9,5 +9,7 @@ $PY bench/emulator/run.py
 $PY bench/router/run.py
 $PY bench/sim/run.py
 $PY bench/autoscaler/azure.py --scale 8
+$PY bench/moe/run.py
+$PY bench/moe/simulate.py
 if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
 $PY bench/operator/bench_operator.py

@@ -88,6 +88,8 @@ class Cluster:
         pool = self.spec.pools[role]
         self._account(now)
         slots = self._place(pool.gpus)
+        perf = self.perfs[role]
+        ranks = perf.parallel.dp if perf.parallel is not None else 1  # vLLM's batch limits are per data-parallel rank
         w = Worker(
             self._next[role],
             role,
@@ -95,8 +97,8 @@ class Cluster:
             self.perfs[role],
             gpus=pool.gpus,
             block_tokens=self.block_tokens,
-            token_budget=self.token_budget,
-            max_seqs=self.max_seqs,
+            token_budget=self.token_budget * ranks,
+            max_seqs=self.max_seqs * ranks,
             cache_tokens=self.cache_tokens,
         )
         self._next[role] += 1

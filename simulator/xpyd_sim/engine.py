@@ -9,7 +9,7 @@ from xpyd_router.model import NoWorker
 from xpyd_sim.cluster import Cluster
 from xpyd_sim.config import SimConfig
 from xpyd_sim.metrics import Collector, Histogram
-from xpyd_sim.perfmodel import Links, PoolPerf
+from xpyd_sim.perfmodel import Links, PoolPerf, group_parallelism
 from xpyd_sim.request import SimRequest
 from xpyd_sim.routing import SimRouter
 from xpyd_sim.scaling import SimScaler
@@ -28,9 +28,12 @@ class Simulation:
         self.spec = spec
         self.cfg = cfg = config or SimConfig()
         self.perfs = {
-            role: PoolPerf(spec.model, spec.topology.gpu, p.tp, p.gpus, spec.kv_bytes_per_token, p.expert_parallel)
+            role: PoolPerf(
+                spec.model, spec.topology.gpu, p.tp, p.gpus, spec.kv_bytes_per_token, p.expert_parallel,
+                group_parallelism(spec.topology, role, p.tp, p.gpus, p.expert_parallel),
+            )
             for role, p in spec.pools.items()
-        }
+        }  # fmt: skip
         self.links = Links(spec.topology)
         self.cluster = Cluster(
             spec,

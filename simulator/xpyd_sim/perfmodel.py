@@ -16,6 +16,8 @@ from xpyd_perf import (
     replica_fit,
     step_seconds,
 )
+from xpyd_perf.timing import group_step_seconds
+from xpyd_perf.topology import A2aKind, Parallelism, replica_parallelism
 
 # The path names the report uses, by xpyd_perf's KvPath.
 PATH_NAMES = {"NVLink": "nvlink", "RDMA": "rdma"}
@@ -29,9 +31,13 @@ class PoolPerf:
     one engine of all its GPUs (tensor x data parallel, one pod or a multi-node group): its steps are
     priced over all of them, as `xpyd plan` prices a replica; `tp` sets how many rails one request's
     KV cache takes. Its KV cache is the HBM the fits-check leaves after the weights on every GPU.
+    A data- or expert-parallel replica (`parallel`) is priced as the emulator prices it: its ranks in
+    lockstep, paced by the busiest, plus the MoE all-to-all (xpyd_perf.timing.group_step_seconds).
     """
 
-    __slots__ = ("_attn_per_ctx", "gpu", "gpus", "kv_bytes_per_token", "kv_capacity_tokens", "model", "tp")
+    __slots__ = (
+        "_attn_per_ctx", "gpu", "gpus", "kv_bytes_per_token", "kv_capacity_tokens", "model", "parallel", "tp",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -41,8 +47,10 @@ class PoolPerf:
         gpus: int,
         kv_bytes_per_token: int | None = None,
         expert_parallel: bool = False,
+        parallel: Parallelism | None = None,
     ) -> None:
         self.model = model
+        self.parallel = parallel
         self.gpu = gpu
         self.tp = max(1, tp)
         self.gpus = max(self.tp, gpus)
@@ -60,22 +68,41 @@ class PoolPerf:
         tokens = batch
         attn = self._attn_per_ctx * ctx_total
         kv_read = ctx_total
+        largest = 0
         for new, done in chunks:
             tokens += new
+            largest = max(largest, new)
             attn += attention_flops(model, done, done + new)
             kv_read += done + new
-        return step_seconds(model, self.gpu, tp=self.gpus, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read)
+        return self._step(tokens, attn, kv_read, largest)
 
     def decode_step_seconds(self, batch: int, ctx_total: int) -> float:
         """One decode step of `batch` sequences holding `ctx_total` tokens of context in all."""
-        return step_seconds(
-            self.model,
-            self.gpu,
-            tp=self.gpus,
-            tokens=batch,
-            attn_flops=self._attn_per_ctx * ctx_total,
-            kv_tokens_read=ctx_total,
+        return self._step(batch, self._attn_per_ctx * ctx_total, ctx_total, 1)
+
+    def _step(self, tokens: int, attn: float, kv_read: int, largest: int) -> float:
+        par = self.parallel
+        if par is None:
+            return step_seconds(
+                self.model, self.gpu, tp=self.gpus, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read
+            )
+        busiest = max(-(-tokens // max(1, par.dp)), largest)  # one prompt's chunk stays on one rank
+        return group_step_seconds(
+            self.model, self.gpu, par, tokens=tokens, attn_flops=attn, kv_tokens_read=kv_read, busiest=busiest
         )
+
+
+def group_parallelism(topology: Topology, role: str, tp: int, gpus: int, expert_parallel: bool) -> Parallelism | None:
+    """The data/expert-parallel layout of a replica the emulator would time as a group; None for plain TP.
+
+    The all-to-all kernel follows the role, as the operator sets it: DeepEP's throughput kernels for
+    prefill (and a co-located pool), its low-latency kernels for decode.
+    """
+    dp = max(1, gpus // max(1, tp))
+    if dp == 1 and not expert_parallel:
+        return None
+    a2a: A2aKind = "low_latency" if role == "decode" else "high_throughput"
+    return replica_parallelism(topology, tp, 1, dp, expert_parallel=expert_parallel, a2a=a2a)
 
 
 class Links:
