@@ -17,29 +17,41 @@ ETCD_VERSION=v3.6.16   # pinned in go/etcd/go.mod
 KWOK_VERSION=v0.7.0
 HELM_VERSION=v3.19.0
 PROMETHEUS_VERSION=v0.316.0  # Prometheus 3.x; Debian's build omits kubernetes_sd_configs
+LWS_VERSION=v0.7.0     # pinned in go/lws/go.mod (a `tool` wrapper: the proxy refuses `go install ...@v0.7.0`)
+LWS_CRD=leaderworkerset.x-k8s.io_leaderworkersets.yaml  # copied from the module next to the binaries
 
 command -v go >/dev/null || { echo "build-tools: 'go' not found; install Go >= 1.26 (https://go.dev/dl) and rerun 'make tools'" >&2; exit 2; }
 
 stamp() { echo "$1" > "$bin/.$2.version"; }
-fresh() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
+fresh() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ] && extras_present "$1"; }
+extras_present() { [ "$1" != lws ] || [ -s "$bin/$LWS_CRD" ]; }
 
 v=k8s.io/component-base/version
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 h=helm.sh/helm/v3
-# name | stamp | how (wrapper dir or package@version) | ldflags | share of a cold build's minutes on 2 cores
+# name | stamp | how (wrapper dir, tool:dir:package, or package@version) | ldflags | share of a cold build's minutes on 2 cores
 specs=(
   "kube|$KUBE_VERSION|wrapper:kube|-X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z|4"
   "prometheus|$PROMETHEUS_VERSION|github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION||3"
   "etcd|$ETCD_VERSION|wrapper:etcd||1"
   "helm|$HELM_VERSION+k8s$KUBE_VERSION|$h/cmd/helm@$HELM_VERSION|-X $h/internal/version.version=$HELM_VERSION -X $h/internal/version.gitTreeState=clean -X $h/pkg/lint/rules.k8sVersionMajor=1 -X $h/pkg/lint/rules.k8sVersionMinor=$minor -X $h/pkg/chartutil.k8sVersionMajor=1 -X $h/pkg/chartutil.k8sVersionMinor=$minor|1"
   "kwok|$KWOK_VERSION|sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION||1"
+  "lws|$LWS_VERSION|tool:lws:sigs.k8s.io/lws/cmd|-X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION|3"
 )
+
+lws_crd() { # copies the LeaderWorkerSet CRD from the module the wrapper pins (read-only there) next to the binaries
+  local dir
+  dir=$(cd "$here/go/lws" && go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [ -n "$dir" ] && install -m 0644 "$dir/config/crd/bases/$LWS_CRD" "$bin/$LWS_CRD"
+}
 
 build_one() { # name stamp how ldflags -> builds into $bin, logs to $logs/<name>.log
   local name=$1 version=$2 how=$3 ldflags="-s -w $4"
-  if [[ $how == wrapper:* ]]; then
-    (cd "$here/go/${how#wrapper:}" && go build -trimpath -ldflags="$ldflags" -o "$bin/$name.tmp" .) \
-      && mv "$bin/$name.tmp" "$bin/$name"
+  if [[ $how == wrapper:* || $how == tool:* ]]; then
+    local dir=${how#*:} pkg=.
+    [[ $how == tool:* ]] && { pkg=${dir#*:}; dir=${dir%%:*}; }
+    (cd "$here/go/$dir" && go build -trimpath -ldflags="$ldflags" -o "$bin/$name.tmp" "$pkg") \
+      && mv "$bin/$name.tmp" "$bin/$name" && { [ "$name" != lws ] || lws_crd; }
   else
     local tmp; tmp=$(mktemp -d "$cache/gobin.XXXX")
     GOBIN="$tmp" go install -trimpath -ldflags="$ldflags" "$how" && mv "$tmp/$name" "$bin/$name"
@@ -58,7 +70,7 @@ if [ ${#todo[@]} -eq 0 ]; then link; echo "$bin"; exit 0; fi
 
 total=${#todo[@]}; t0=$(date +%s)
 echo "build-tools: building $total binaries from their Go modules into $bin, $jobs at a time" >&2
-echo "build-tools: expect about $expected minutes on 2 idle cores (measured cold: 10-15 min for all five); later runs reuse the cache" >&2
+echo "build-tools: expect about $expected minutes on 2 idle cores (measured cold: 10-15 min for the first five, about 3 more for lws); later runs reuse the cache" >&2
 
 declare -A ver_of=() name_of=() start_of=() mod_of=()
 failed=()
@@ -84,6 +96,7 @@ for s in "${todo[@]}"; do
   build_one "$name" "$version" "$how" "$ldflags" >"$logs/$name.log" 2>&1 &
   name_of[$!]=$name; start_of[$!]=$(date +%s); ver_of[$name]=$version
   mod_of[$name]=${how#wrapper:}; [[ $how == wrapper:* ]] && mod_of[$name]="the wrapper module cluster/go/${how#wrapper:}"
+  [[ $how == tool:* ]] && { t=${how#tool:}; mod_of[$name]="${t#*:} (tool of the wrapper module cluster/go/${t%%:*})"; }
 done
 while [ ${#name_of[@]} -gt 0 ]; do reap; done
 

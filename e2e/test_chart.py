@@ -185,10 +185,10 @@ def test_examples_pass_the_api_servers_validation(namespace: str) -> None:
             assert result.returncode == 0, f"{path.name}: {result.stderr}"
             checked += 1
     assert checked >= 5
-    bad = SMALL_DD.format(ns=namespace).replace("gpusPerReplica: 1}", "gpusPerReplica: 16}", 1)
+    bad = SMALL_DD.format(ns=namespace).replace("gpusPerReplica: 1}", "gpusPerReplica: 12}", 1)
     result = kubectl("apply", "--dry-run=server", "-f", "-", stdin=bad, check=False)
     assert result.returncode != 0
-    assert "gpusPerReplica must be <= 8 on HGX-B200" in result.stderr
+    assert "gpusPerReplica must be <= 8 or a multiple of 8 on HGX-B200" in result.stderr
 
 
 def test_cluster_mode_rbac_allows_only_what_the_operator_uses(namespace: str) -> None:

@@ -101,7 +101,12 @@ def test_spill_across_racks_says_so(dd: Any, op_kube: Kube, op_namespace: str) -
     [
         ({"prefill": {"replicas": 1, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}}},
          "spec.prefill.autoscaling.minReplicas", "minReplicas must be <= maxReplicas"),
-        ({"prefill": {"replicas": 1, "gpusPerReplica": 16}}, "spec.prefill.gpusPerReplica", "<= 8 on HGX-B200"),
+        ({"prefill": {"replicas": 1, "gpusPerReplica": 12}}, "spec.prefill.gpusPerReplica", "of 8 on HGX-B200"),
+        (
+            {"topology": "GB200-NVL72", "prefill": {"replicas": 1, "gpusPerReplica": 76}},
+            "spec.prefill.gpusPerReplica",
+            "<= 72 on GB200-NVL72",
+        ),
         ({"mode": "Colocated", "worker": {"replicas": 1}, "prefill": None}, "spec.decode", "Colocated"),
         ({"engine": {"kind": "tensorrt"}}, "spec.engine.kind", "Unsupported value"),
         ({"decode": {"replicas": -1}}, "spec.decode.replicas", "greater than or equal to 0"),

@@ -119,7 +119,7 @@ def test_restart_mid_reconcile_converges(op_kube: Kube, tmp_path: Path) -> None:
 
 
 def test_gpu_request_no_node_can_hold_sets_ready_false(dd: Any, op_kube: Kube, op_namespace: str) -> None:
-    dd("toobig", topology="GB200-NVL72", decode={"replicas": 1, "gpusPerReplica": 8})
+    dd("toobig", topology="Any", decode={"replicas": 1, "gpusPerReplica": 16})  # one pod: no node has 16
 
     def blocked() -> dict[str, Any] | None:
         ready = op_kube.condition(op_namespace, "toobig", "Ready")
@@ -127,5 +127,5 @@ def test_gpu_request_no_node_can_hold_sets_ready_false(dd: Any, op_kube: Kube, o
 
     ready = wait_for(blocked, 60, what="Ready=False Unschedulable")
     assert ready["status"] == "False"
-    assert "decode.gpusPerReplica=8 fits no node" in ready["message"]
+    assert "decode.gpusPerReplica=16 fits no node" in ready["message"]
     assert op_kube.get(StatefulSet, op_namespace, "toobig-decode") is None

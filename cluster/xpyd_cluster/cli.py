@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from . import control_plane, daemons, nodes, pki, prometheus
+from . import control_plane, daemons, lws, nodes, pki, prometheus
 from .paths import REPO, Layout, default_layout
 
 
@@ -22,10 +23,16 @@ class ClusterError(RuntimeError):
     """The local cluster cannot do what was asked; the message says what to do."""
 
 
+def _start_lws(layout: Layout) -> None:
+    lws.start(layout)
+    lws.wait_ready(layout, functools.partial(kubectl, layout))
+
+
 # Components a fault test may stop and start again (their state survives in the layout's folders).
 RESTARTABLE: dict[str, Callable[[Layout], None]] = {
     "etcd": control_plane.start_etcd,
     "kube-apiserver": control_plane.start_apiserver,
+    "lws": _start_lws,
     "prometheus": prometheus.start,
 }
 
@@ -72,6 +79,9 @@ def up(layout: Layout, with_prometheus: bool = True) -> None:
     _step("starting controller manager, scheduler and kwok")
     control_plane.start_controllers(layout)
     control_plane.start_kwok(layout)
+    _step("installing the LeaderWorkerSet CRD and webhooks, starting its controller")
+    lws.install(layout, functools.partial(kubectl, layout))
+    lws.start(layout)
     manifests = [*nodes.all_nodes(), *prometheus.RBAC]
     kubectl(layout, "apply", "-f", "-", stdin=yaml.safe_dump_all(manifests))
     daemons.wait_for("nodes", lambda: _nodes_ready(layout, len(nodes.all_nodes())), 90, layout.logs / "kwok.log")
@@ -83,6 +93,7 @@ def up(layout: Layout, with_prometheus: bool = True) -> None:
         60,
         layout.logs / "kube-controller-manager.log",
     )
+    lws.wait_ready(layout, functools.partial(kubectl, layout))
     if with_prometheus:
         _step(f"starting prometheus at {layout.prometheus_url}")
         prometheus.start(layout)

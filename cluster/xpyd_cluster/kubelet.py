@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from . import podspec
+from . import hosts, podspec, shims
 from .ipam import LoopbackIPAM
 from .nodes import LOCAL_NODE
 from .paths import Layout, default_layout
@@ -30,6 +32,10 @@ class Kubelet:
         self.runners: dict[str, PodRunner] = {}
         self.stopping: dict[str, asyncio.Task[None]] = {}
         self.ipam = LoopbackIPAM()
+        self.hosts: dict[str, hosts.HostEntry] = {}  # by pod uid, in start order: a successor's entry wins
+        self.xpyd = str(Path(sys.executable).with_name("xpyd"))
+        shims.install(layout.shims, self.xpyd, sys.executable)
+        hosts.write(layout.hosts_file, [])
 
     async def load_nodes(self) -> None:
         async for node in self.client.list(Node, labels={LOCAL_NODE: "true"}):
@@ -56,7 +62,9 @@ class Kubelet:
         self.ipam.claim(ip)
         facts = podspec.NodeFacts(node, self.nodes[node], api_port=self.layout.apiserver_port)
         try:
-            launch = podspec.plan(pod, ip, facts)
+            launch = podspec.plan(
+                pod, ip, facts, self.xpyd, shims=str(self.layout.shims), hosts_file=str(self.layout.hosts_file)
+            )
         except (KeyError, ValueError) as exc:
             log.error("cannot run pod %s/%s: %s", meta["namespace"], meta["name"], exc)
             return
@@ -70,10 +78,21 @@ class Kubelet:
             str(self.layout.state),
         )
         self.runners[uid] = runner
+        if (entry := hosts.entry_of(pod, ip)) is not None:
+            self._set_host(uid, entry)
         log.info("starting pod %s/%s (%s) at %s on %s", meta["namespace"], meta["name"], launch.kind, ip, node)
         runner.start()
 
+    def _set_host(self, uid: str, entry: hosts.HostEntry | None) -> None:
+        """Add (or, with None, remove) a pod's host names and rewrite the hosts file."""
+        if entry is None and self.hosts.pop(uid, None) is None:
+            return
+        if entry is not None:
+            self.hosts[uid] = entry
+        hosts.write(self.layout.hosts_file, self.hosts.values())
+
     async def _stop(self, uid: str, grace: float) -> None:
+        self._set_host(uid, None)  # a stopping pod no longer answers to its name
         runner = self.runners.pop(uid, None)
         if runner is not None:
             await runner.stop(grace)

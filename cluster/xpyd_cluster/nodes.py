@@ -40,7 +40,7 @@ CPU = NodeShape(cpu="32", memory="128Gi")
 # each hand a pod every HCA of the node, so engine pods with an RDMA fabric schedule here too.
 RDMA_SLOTS = dict.fromkeys(fabrics.PROFILES["InfiniBand"].parts(1).resources, "64")
 
-HGX_NODES = 4
+HGX_NODES = 8  # multi-node e2e: 2-node prefill and decode groups plus one autoscaled group
 NVL72_RACKS = 2
 TRAYS_PER_RACK = 18
 

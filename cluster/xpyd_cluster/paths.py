@@ -18,6 +18,10 @@ class Layout:
     apiserver_port: int = 6443
     etcd_port: int = 2379
     prometheus_port: int = 9090
+    # The LeaderWorkerSet controller: its admission webhooks, metrics and health, all on 127.0.0.1.
+    lws_webhook_port: int = 10270
+    lws_metrics_port: int = 10271
+    lws_health_port: int = 10272
 
     @property
     def bin(self) -> Path:
@@ -38,6 +42,26 @@ class Layout:
     @property
     def pods(self) -> Path:
         return self.state / "pods"
+
+    @property
+    def lws(self) -> Path:
+        """The LeaderWorkerSet controller's config file and webhook serving certificate."""
+        return self.state / "lws"
+
+    @property
+    def lws_crd(self) -> Path:
+        """The LeaderWorkerSet CRD, copied from its Go module next to the binaries by build-tools.sh."""
+        return self.bin / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+
+    @property
+    def hosts_file(self) -> Path:
+        """Pod host names in /etc/hosts format, kept by the process kubelet (there is no DNS)."""
+        return self.state / "hosts"
+
+    @property
+    def shims(self) -> Path:
+        """Engine stand-ins (vllm, python3) first on an engine pod's PATH."""
+        return self.state / "shims"
 
     @property
     def kubeconfig(self) -> Path:

@@ -35,7 +35,9 @@ class Identity:
 
 
 # The admin and the cluster's own agents (kwok, the process kubelet) are cluster admins;
-# the controller manager and scheduler get their built-in RBAC identities.
+# the controller manager and scheduler get their built-in RBAC identities; the LeaderWorkerSet
+# controller's user is bound by a ClusterRoleBinding (lws.RBAC).
+LWS_USER = "xpyd:lws-controller"
 CLIENTS = (
     Identity("admin", "kubernetes-admin", ("system:masters",)),
     Identity("kube-controller-manager", "system:kube-controller-manager"),
@@ -43,7 +45,9 @@ CLIENTS = (
     Identity("kwok", "xpyd:kwok", ("system:masters",)),
     Identity("kubelet", "xpyd:process-kubelet", ("system:masters",)),
     Identity("prometheus", "xpyd:prometheus"),
+    Identity("lws", LWS_USER),
 )
+LOOPBACK_SANS = ("localhost",)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -75,20 +79,28 @@ def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivate
     )
 
 
-def _issue(layout: Layout, name: str, subject: x509.Name, server: bool) -> None:
+def _issue(layout: Layout, crt: Path, subject: x509.Name, server_dns: tuple[str, ...] | None) -> None:
+    """A certificate signed by the cluster CA at crt (key next to it, .key); a server one when server_dns is set."""
     ca_key = serialization.load_pem_private_key((layout.pki / "ca.key").read_bytes(), None)
     ca = x509.load_pem_x509_certificate((layout.pki / "ca.crt").read_bytes())
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = _key()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_dns is not None else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = _builder(subject, ca.subject, key).add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if server:
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in API_SANS_DNS]
+    if server_dns is not None:
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in server_dns]
         sans += [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    (layout.pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(layout.pki / f"{name}.key", key)
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(crt.with_suffix(".key"), key)
+
+
+def ensure_serving(layout: Layout, directory: Path, cn: str) -> None:
+    """tls.crt and tls.key for a loopback server (127.0.0.1, localhost), as controller-runtime reads them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / "tls.crt").exists():
+        _issue(layout, directory / "tls.crt", _name(cn), server_dns=LOOPBACK_SANS)
 
 
 def kubeconfig(layout: Layout, client: str) -> dict[str, object]:
@@ -132,7 +144,7 @@ def ensure(layout: Layout) -> None:
         _write_key(pki / "ca.key", key)
         (pki / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     if not (pki / "apiserver.crt").exists():
-        _issue(layout, "apiserver", _name("kube-apiserver"), server=True)
+        _issue(layout, pki / "apiserver.crt", _name("kube-apiserver"), server_dns=API_SANS_DNS)
     if not (pki / "sa.key").exists():
         sa = _key()
         _write_key(pki / "sa.key", sa)
@@ -141,7 +153,7 @@ def ensure(layout: Layout) -> None:
         )
     for ident in CLIENTS:
         if not (pki / f"{ident.name}.crt").exists():
-            _issue(layout, ident.name, _name(ident.user, ident.groups), server=False)
+            _issue(layout, pki / f"{ident.name}.crt", _name(ident.user, ident.groups), server_dns=None)
         path = layout.kubeconfig_for(ident.name)
         if not path.exists():
             path.write_text(yaml.safe_dump(kubeconfig(layout, ident.name)))

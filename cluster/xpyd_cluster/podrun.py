@@ -59,6 +59,7 @@ class PodRunner:
         self.container, self.image = container["name"], container.get("image", "")
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
+        self.last_state: dict[str, Any] = {}
         self.ready = False
         self.started_at = now()
         self._stopping = asyncio.Event()
@@ -97,7 +98,7 @@ class PodRunner:
             assert self.proc is not None
             await self._report()
             probes = asyncio.create_task(self._probe_loop())
-            code = await self.proc.wait()
+            code = exit_code(await self.proc.wait())
             probes.cancel()
             if self._stopping.is_set():
                 return
@@ -105,8 +106,10 @@ class PodRunner:
             if self.plan.restart == "Never" or (self.plan.restart == "OnFailure" and code == 0):
                 await self._report(terminated=code)
                 return
+            # restartCount > 0 is what LeaderWorkerSet's RecreateGroupOnPodRestart reacts to (phase stays Running)
             self.restarts += 1
             self.ready = False
+            self.last_state = _terminated(code, self.started_at)
             await self._report(waiting=("CrashLoopBackOff", f"exit code {code}"))
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
@@ -114,7 +117,7 @@ class PodRunner:
     async def _launch(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = list(self.plan.argv)
-        path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        path = ":".join([*self.plan.path, str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         env = {
             "PATH": path,
             "HOME": os.environ.get("HOME", "/root"),
@@ -206,13 +209,7 @@ class PodRunner:
         if waiting is not None:
             state: dict[str, Any] = {"waiting": {"reason": waiting[0], "message": waiting[1][:500]}}
         elif terminated is not None:
-            state = {
-                "terminated": {
-                    "exitCode": terminated,
-                    "finishedAt": now(),
-                    "reason": "Completed" if terminated == 0 else "Error",
-                }
-            }
+            state = _terminated(terminated, self.started_at)
         else:
             state = {"running": {"startedAt": self.started_at}}
         phase = "Running" if terminated is None else ("Succeeded" if terminated == 0 else "Failed")
@@ -244,6 +241,7 @@ class PodRunner:
                     "started": waiting is None and terminated is None,
                     "restartCount": self.restarts,
                     "state": state,
+                    "lastState": self.last_state,
                 }
             ],
         }
@@ -264,6 +262,16 @@ async def _check(session: aiohttp.ClientSession, ip: str, probe: Probe) -> bool:
             return 200 <= resp.status < 400
     except (OSError, TimeoutError, aiohttp.ClientError):
         return False
+
+
+def exit_code(returncode: int) -> int:
+    """A container's exit code as Kubernetes reports it: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _terminated(code: int, started_at: str) -> dict[str, Any]:
+    reason = "Completed" if code == 0 else "Error"
+    return {"terminated": {"exitCode": code, "reason": reason, "startedAt": started_at, "finishedAt": now()}}
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -13,6 +13,7 @@ from xpyd_api import labels as L
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 OWN_IMAGES = ("ghcr.io/xpyd/xpyd", "xpyd/xpyd", "localhost/xpyd", "xpyd:")
 ENGINE_IMAGES = {"vllm/vllm-openai": ["vllm", "serve"], "lmsysorg/sglang": []}
+SHELLS = ("sh", "bash", "dash")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -41,6 +42,7 @@ class LaunchPlan:
     grace_seconds: int
     restart: str
     ports: list[int] = field(default_factory=list)
+    path: tuple[str, ...] = ()  # directories put first on PATH (the engine shims for a shell command)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,11 @@ class NodeFacts:
 
 
 def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, the rest stays."""
+    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, the rest stays.
+
+    Shell syntax such as $((...)) arithmetic and ${VAR:-default} is never a $(NAME) reference, so it passes
+    through for the container's shell to evaluate.
+    """
 
     def sub(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
@@ -140,8 +146,34 @@ def _sa_mount(pod: dict[str, Any], container: dict[str, Any]) -> str | None:
     return None
 
 
-def plan(pod: dict[str, Any], pod_ip: str, node: NodeFacts, xpyd: str | None = None) -> LaunchPlan:
-    """The launch plan of the pod's first container, bound to pod_ip."""
+def is_shell(command: list[str]) -> bool:
+    """True for `sh -c ...` and the like: the shell itself must run, to expand $((...)) and ${...}."""
+    return bool(command) and Path(command[0]).name in SHELLS
+
+
+def _argv(kind: str, full: list[str], ports: list[str], pod_ip: str, xpyd: str) -> list[str]:
+    """The process for the container's command+args (`full`): the emulator, ourselves, or a placeholder."""
+    if kind == "engine":  # a shell's `vllm` / `python3 -m sglang.launch_server` resolve to the shims
+        return full if is_shell(full) else [xpyd, "emulate", "--", *full]
+    if kind == "own":
+        return [xpyd, *full[1:]] if Path(full[0]).name == "xpyd" else full
+    return [sys.executable, "-m", "xpyd_cluster.placeholder", "--host", pod_ip, *(ports or ["80"])]
+
+
+def plan(
+    pod: dict[str, Any],
+    pod_ip: str,
+    node: NodeFacts,
+    xpyd: str | None = None,
+    *,
+    shims: str | None = None,
+    hosts_file: str | None = None,
+) -> LaunchPlan:
+    """The launch plan of the pod's first container, bound to pod_ip.
+
+    shims: the directory of engine shims an engine image's shell command finds first on PATH;
+    hosts_file: the kubelet's pod host names, named to the process in XPYD_HOSTS_FILE.
+    """
     spec = pod["spec"]
     container = spec["containers"][0]
     image = str(container.get("image", ""))
@@ -157,21 +189,18 @@ def plan(pod: dict[str, Any], pod_ip: str, node: NodeFacts, xpyd: str | None = N
         L.ENV_NODE_NAME: node.name,
         L.ENV_NVLINK_DOMAIN: L.nvlink_domain(node.name, node.labels),
     }
+    if hosts_file:
+        env[L.ENV_HOSTS_FILE] = hosts_file
     product = node.labels.get(L.GPU_PRODUCT, "")
     if product:
         env[L.ENV_GPU] = product.removeprefix("NVIDIA-").split("-")[0]
     env.update(container_env(pod, container, pod_ip))
     command = [expand(c, env) for c in container.get("command") or []]
     args = [expand(a, env) for a in container.get("args") or []]
-    if kind == "engine":
-        entry = next(v for k, v in ENGINE_IMAGES.items() if image.startswith(k))
-        argv = [xpyd, "emulate", "--", *(command or entry), *args]
-    elif kind == "own":
-        full = (command or ["xpyd"]) + args
-        argv = [xpyd, *full[1:]] if Path(full[0]).name == "xpyd" else full
-    else:
-        listen = [str(p) for p in ports.values()] or ["80"]
-        argv = [sys.executable, "-m", "xpyd_cluster.placeholder", "--host", pod_ip, *listen]
+    if not command:  # the image's entrypoint
+        command = ["xpyd"] if kind == "own" else next((v for k, v in ENGINE_IMAGES.items() if image.startswith(k)), [])
+    full = command + args
+    argv = _argv(kind, full, [str(p) for p in ports.values()], pod_ip, xpyd)
     return LaunchPlan(
         kind=kind,
         argv=argv,
@@ -182,4 +211,5 @@ def plan(pod: dict[str, Any], pod_ip: str, node: NodeFacts, xpyd: str | None = N
         grace_seconds=int(spec.get("terminationGracePeriodSeconds", 30)),
         restart=str(spec.get("restartPolicy", "Always")),
         ports=sorted(ports.values()),
+        path=(shims,) if shims and kind == "engine" and is_shell(full) else (),
     )

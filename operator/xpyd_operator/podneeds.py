@@ -111,7 +111,11 @@ def env_pairs(
         pairs += list(MULTI_NODE_ENV)
         if pool.expert_parallel and not mnnvl:
             pairs += list(IBGDA_ENV)
-    out += [{"name": k, "value": v} for k, v in pairs]
+    seen = {e["name"] for e in out}
+    for k, v in pairs:  # the first wins: a network profile's value over the multi-node default of the same name
+        if k not in seen:
+            seen.add(k)
+            out.append({"name": k, "value": v})
     return out
 
 

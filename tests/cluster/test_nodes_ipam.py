@@ -15,7 +15,7 @@ def test_nodes_match_the_topology_facts() -> None:
     all_nodes = nodes.all_nodes()
     b200 = [n for n in all_nodes if n["metadata"]["labels"].get("nvidia.com/gpu.product") == "NVIDIA-B200"]
     gb200 = [n for n in all_nodes if n["metadata"]["labels"].get("nvidia.com/gpu.product") == "NVIDIA-GB200"]
-    assert len(b200) == 4
+    assert len(b200) == nodes.HGX_NODES == 8
     assert all(n["status"]["allocatable"]["nvidia.com/gpu"] == "8" for n in b200)
     assert len(gb200) == 36
     assert all(n["metadata"]["labels"]["kubernetes.io/arch"] == "arm64" for n in gb200)
@@ -45,7 +45,7 @@ def test_clique_ids_are_stable_and_shaped_like_gfd() -> None:
 
 def test_summary_counts_gpus_per_nvlink_domain() -> None:
     rows = summarize(nodes.all_nodes())
-    assert ("HGX-B200", "per node", 4, 32) in rows
+    assert ("HGX-B200", "per node", 8, 64) in rows
     assert [r[3] for r in rows if r[0] == "GB200-NVL72"] == [72, 72]
     assert ("CPU", "-", 1, 0) in rows
 

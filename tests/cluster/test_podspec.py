@@ -126,3 +126,62 @@ def test_unsupported_field_ref_is_a_clear_error() -> None:
     env = [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]
     with pytest.raises(ValueError, match="unsupported fieldRef 'spec.bogus'"):
         podspec.plan(pod("nginx", env=env), "127.1.0.9", B200)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "--data-parallel-start-rank $(( ${LWS_WORKER_INDEX:-0} * 8 ))",
+        "--node-rank ${LWS_WORKER_INDEX} --dist-init-addr ${LWS_LEADER_ADDRESS}:20000",
+        "$((1+2)) $(( (1) ))",
+    ],
+)
+def test_expand_leaves_shell_arithmetic_and_parameters_alone(text: str) -> None:
+    assert podspec.expand(text, {"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": "g-0.g.ns"}) == text
+
+
+def test_expand_still_replaces_kubernetes_references_inside_shell_text() -> None:
+    text = "exec vllm serve $(MODEL) --rank $(( ${LWS_WORKER_INDEX:-0} * 8 )) $$HOME"
+    expanded = podspec.expand(text, {"MODEL": "m", "LWS_WORKER_INDEX": "1"})
+    assert expanded == "exec vllm serve m --rank $(( ${LWS_WORKER_INDEX:-0} * 8 )) $HOME"
+
+
+SHELL_VLLM = ["/bin/sh", "-c", "exec vllm serve $(MODEL) --data-parallel-start-rank $(( ${LWS_WORKER_INDEX:-0} * 8 ))"]
+
+
+def test_engine_shell_command_runs_the_shell_with_the_shims_first_on_path() -> None:
+    p = pod("vllm/vllm-openai:v0.11.0", command=SHELL_VLLM, env=[{"name": "MODEL", "value": "m"}])
+    plan = podspec.plan(p, "127.1.0.5", B200, xpyd="/venv/bin/xpyd", shims="/state/shims", hosts_file="/state/hosts")
+    assert plan.kind == "engine"
+    assert plan.argv == [*SHELL_VLLM[:2], SHELL_VLLM[2].replace("$(MODEL)", "m")]
+    assert plan.path == ("/state/shims",)
+    assert plan.env["XPYD_HOSTS_FILE"] == "/state/hosts"
+
+
+def test_sglang_shell_args_keep_the_entrypoint_shape() -> None:
+    args = ["python3 -m sglang.launch_server --node-rank ${LWS_WORKER_INDEX}"]
+    plan = podspec.plan(pod("lmsysorg/sglang:v0.5.3", command=["bash", "-c"], args=args), "127.1.0.5", B200, shims="s")
+    assert plan.argv == ["bash", "-c", *args]
+    assert plan.path == ("s",)
+
+
+def test_non_shell_engine_and_own_image_shell_commands_need_no_shims() -> None:
+    engine = podspec.plan(pod("vllm/vllm-openai:v0.11.0", command=["vllm", "serve", "m"]), "127.1.0.5", B200, shims="s")
+    assert engine.argv[1:] == ["emulate", "--", "vllm", "serve", "m"]
+    assert engine.path == ()
+    own_cmd = ["/bin/sh", "-c", "exec xpyd emulate -- vllm serve m --rank $(( ${LWS_WORKER_INDEX:-0} * 8 ))"]
+    own = podspec.plan(pod("ghcr.io/xpyd/xpyd:1", command=own_cmd), "127.1.0.5", B200, shims="s")
+    assert own.argv == own_cmd
+    assert own.path == ()
+
+
+def test_every_pod_learns_the_hosts_file() -> None:
+    plan = podspec.plan(pod("nginx"), "127.1.0.5", B200, xpyd="x", hosts_file="/state/hosts")
+    assert plan.env["XPYD_HOSTS_FILE"] == "/state/hosts"
+    assert "XPYD_HOSTS_FILE" not in podspec.plan(pod("nginx"), "127.1.0.5", B200, xpyd="x").env
+
+
+def test_own_image_without_command_runs_xpyd_with_the_args() -> None:
+    own = pod("ghcr.io/xpyd/xpyd:1", args=["router", "--port", "8000"])
+    plan = podspec.plan(own, "127.1.0.5", B200, xpyd="/v/xpyd")
+    assert plan.argv == ["/v/xpyd", "router", "--port", "8000"]

@@ -233,3 +233,13 @@ def test_templates_and_rollout_status_of_both_kinds() -> None:
     assert groups.rolled(lws) == (False, True)
     lws["status"]["conditions"] = []
     assert groups.rolled(lws) == (True, True)
+
+
+def test_multi_node_environment_never_repeats_a_name() -> None:
+    body = {**wide_ep("HGX-B200", 16, 16), "network": {"profile": "InfiniBand"}}
+    out = _render(body, b200_nodes(8))
+    lwt = out[("LeaderWorkerSet", "llama-prefill")]["spec"]["leaderWorkerTemplate"]
+    for rank in ("leader", "worker"):
+        names = [e["name"] for e in lwt[f"{rank}Template"]["spec"]["containers"][0]["env"]]
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        assert "NCCL_SOCKET_IFNAME" in names
