@@ -31,7 +31,6 @@ MODEL = "deepseek-ai/DeepSeek-R1-0528"
 FP4 = "nvidia/DeepSeek-R1-FP4"
 PROMETHEUS = os.environ.get("XPYD_PROMETHEUS_URL", "http://127.0.0.1:9090")
 LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
-GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 CLIQUE = "nvidia.com/gpu.clique"
@@ -137,7 +136,7 @@ async def test_nvl72_groups_share_one_clique_and_serve(op_kube: Kube, ns: str, o
 @pytest.mark.timeout(1200)
 async def test_hgx_groups_recreate_whole_and_scale_in_groups(op_kube: Kube, ns: str, operator: OperatorProcess) -> None:
     name = "dsr1-hgx"
-    prefill = wide_ep(16, autoscaling={"minReplicas": 2, "maxReplicas": 3})
+    prefill = wide_ep(16, replicas=2, autoscaling={"minReplicas": 2, "maxReplicas": 3})
     scaling = {"enabled": True, "prometheusUrl": PROMETHEUS, "intervalSeconds": 5, "stabilizationSeconds": 30}
     op_kube.apply_dd(manifest(name, ns, "HGX-B200", MODEL, prefill, wide_ep(16, replicas=1), autoscaling=scaling))
     try:
@@ -150,14 +149,14 @@ async def test_hgx_groups_recreate_whole_and_scale_in_groups(op_kube: Kube, ns: 
         assert warm.codes == {"200": 12}, warm.codes
 
         # Kill one rank of group 1: LeaderWorkerSet recreates the whole group; group 0 keeps serving.
-        keys = {i: g[0]["metadata"]["labels"][GROUP_KEY] for i, g in before.items()}
+        old1 = {p["metadata"]["uid"] for p in before["1"]}  # the group key survives a recreation: uids do not
         uids0 = {p["metadata"]["uid"] for p in before["0"]}
         victim = next(p for p in before["1"] if p["metadata"]["labels"][WORKER_INDEX] == "1")
         kubectl("delete", "pod", victim["metadata"]["name"], "-n", ns, "--wait=false")
 
         def recreated() -> bool:
             now = groups_of(ns, name, "prefill").get("1", [])
-            fresh = [p for p in now if p["metadata"]["labels"][GROUP_KEY] != keys["1"]]
+            fresh = [p for p in now if p["metadata"]["uid"] not in old1]
             return len(fresh) == 2 and all(p["status"].get("podIP") for p in fresh)
 
         during = Load(ns, name, "router", MODEL, prompt_tokens=200, max_tokens=8, concurrency=2, limit=400)
