@@ -10,7 +10,7 @@ from xpyd_api import labels as L
 from xpyd_api import podpatch
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_api.podmodels import NetworkSpec
-from xpyd_operator import groups, podsecurity, pools, rollout, routerkit, sizing
+from xpyd_operator import engine, engine_ranks, groups, podsecurity, pools, rollout, routerkit, sizing
 from xpyd_operator.autoscaling_spec import managed_pools
 from xpyd_operator.meta import Owner, stamp
 from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
@@ -88,14 +88,21 @@ def check_model(spec: DisaggregatedDeploymentSpec) -> None:
 
 
 def check_groups(spec: DisaggregatedDeploymentSpec, observed: Observed) -> None:
-    """A pool whose replica spans nodes needs the LeaderWorkerSet API in the cluster."""
-    wide = [f"{role} ({layout.describe()})" for role, layout in spec.layouts().items() if layout.multi_node]
+    """A pool whose replica spans nodes needs the LeaderWorkerSet API, and vLLM's tensor parallel across
+    nodes an engine that has it without Ray (v0.11.1+)."""
+    layouts = spec.layouts()
+    wide = [f"{role} ({layout.describe()})" for role, layout in layouts.items() if layout.multi_node]
     if wide and not observed.lws_crd:
         raise InputError(
             "LeaderWorkerSetMissing",
             f"{', '.join(wide)} spans nodes and runs as a LeaderWorkerSet, whose API "
             f"({groups.CRD}) is not installed; {groups.INSTALL_HINT}",
         )
+    if spec.engine.kind == "vllm":
+        image = spec.engine.image or engine.DEFAULT_IMAGES["vllm"]
+        for role, layout in layouts.items():
+            if (why := engine_ranks.vllm_too_old_for_tp_across_nodes(image, layout)) is not None:
+                raise InputError("EngineTooOld", f"{role} ({layout.describe()}): {why}")
 
 
 def check_fit(spec: DisaggregatedDeploymentSpec) -> None:

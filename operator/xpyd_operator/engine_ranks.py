@@ -16,6 +16,7 @@ The start rank needs arithmetic at run time, so a multi-node container runs `/bi
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -27,6 +28,25 @@ Rank = Literal["leader", "worker"]
 LEADER_ADDRESS: Final = "${" + L.ENV_LWS_LEADER_ADDRESS + "}"
 WORKER_INDEX: Final = "${" + L.ENV_LWS_WORKER_INDEX + ":-0}"
 SGLANG_DEEPEP_MODE: Final = {"prefill": "normal", "decode": "low_latency"}
+VLLM_MULTI_NODE_TP: Final = (0, 11, 1)  # the first vLLM with --nnodes/--node-rank/--master-addr (no Ray)
+_TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+.].*)?$")
+
+
+def vllm_too_old_for_tp_across_nodes(image: str, layout: ReplicaLayout) -> str | None:
+    """Why `image` cannot run this layout's tensor/pipeline parallel across nodes, or None.
+
+    Only a tag that names a version is judged (vllm/vllm-openai:v0.11.0); a digest or a custom tag passes.
+    """
+    if not layout.multi_node or layout.dp > 1:
+        return None
+    found = _TAG.search(image)
+    if found is None or tuple(int(g) for g in found.groups()) >= VLLM_MULTI_NODE_TP:
+        return None
+    need = ".".join(map(str, VLLM_MULTI_NODE_TP))
+    return (
+        f"{image} runs tensor/pipeline parallel across nodes only with Ray; vLLM v{need} added --nnodes/--node-rank: "
+        f"set spec.engine.image to v{need} or later, or use data parallel (dataParallelSize) across the nodes"
+    )
 
 
 @dataclass(frozen=True, slots=True)

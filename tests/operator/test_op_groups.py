@@ -243,3 +243,22 @@ def test_multi_node_environment_never_repeats_a_name() -> None:
         names = [e["name"] for e in lwt[f"{rank}Template"]["spec"]["containers"][0]["env"]]
         assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
         assert "NCCL_SOCKET_IFNAME" in names
+
+
+@pytest.mark.parametrize(
+    ("image", "tp", "dp", "refused"),
+    [
+        (None, 16, 1, True),  # the default vllm/vllm-openai:v0.11.0: tensor parallel across nodes needs Ray there
+        ("vllm/vllm-openai:v0.11.1", 16, 1, False),
+        ("vllm/vllm-openai:v0.12.0-cu129", 16, 1, False),
+        ("registry.local/vllm:latest", 16, 1, False),  # no version in the tag: not judged
+        (None, 1, 16, False),  # data parallel across nodes works on v0.11.0
+    ],
+)
+def test_vllm_too_old_for_tensor_parallel_across_nodes(image: str | None, tp: int, dp: int, refused: bool) -> None:
+    pool = {"replicas": 1, "gpusPerReplica": 16, "tensorParallelSize": tp, "dataParallelSize": dp}
+    body = {"engine": {"kind": "vllm", **({"image": image} if image else {})}, "prefill": pool}
+    desired = desire(OWNER, spec(**body), Observed(nodes=b200_nodes(8), lws_crd=True), IMG, IMG)
+    assert (desired.error is not None and desired.error[0] == "EngineTooOld") is refused
+    if refused:
+        assert desired.error is not None and "v0.11.1" in desired.error[1] and "prefill" in desired.error[1]
