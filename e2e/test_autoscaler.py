@@ -25,7 +25,7 @@ from xpyd_sim import trace
 from .dashboards_check import panel_failures
 from .kube import find_json as get_json
 from .kube import kubectl
-from .loadgen import Load, drive_until, pod_urls, wait_until
+from .load_clients import Load, drive_until, pod_urls, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

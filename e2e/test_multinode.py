@@ -21,7 +21,7 @@ import pytest
 from lightkube.core.exceptions import ApiError
 
 from .kube import find_json, kubectl
-from .loadgen import Load, drive_until, pod_urls, wait_until
+from .load_clients import Load, drive_until, pod_urls, wait_until
 from .operator_fixtures import *  # noqa: F403  (fixtures: op_kube)
 from .operator_fixtures import DD, Kube, OperatorProcess
 
