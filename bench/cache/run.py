@@ -82,7 +82,11 @@ def main() -> int:
                 + "\n\n`xpyd simulate` with the kv-aware policy; requests spread over the replicas in turn"
                 " (a Service). Before: each replica's index fed by its own routes, no shared load."
                 " After: every index fed by the workers' KV events (50 ms late) and the replicas"
-                f" exchanging their in-flight counts every {suite.PEER_SYNC_S * 1000:.0f} ms.",
+                f" exchanging their in-flight counts every {suite.PEER_SYNC_S * 1000:.0f} ms. The before row"
+                " is what the router does with neither (no tokenizer, no `--peers`): each replica bounds a worker"
+                " by the 1/N of its load it sees, and the sticky bound (3x the mean) lets a replica pile"
+                " prefixes onto a worker the others also load; with KV events alone (no sharing) chat-28rps-small"
+                " stays at 77.6-78.4% / 100% from 1 to 8 replicas.",
             )
         )
     if "cpu" in only:

@@ -64,11 +64,14 @@ def verdict(entry: dict[str, Any]) -> dict[str, Any]:
     rows = {r["label"]: r for r in entry["rows"]}
     ours = rows[XPYD]
     peers_ = [r for r in entry["rows"] if r["peer"]]
-    best_hit = max(r["prefix_hit_ratio"] for r in peers_)
-    best_p99 = min(r["ttft_p99_s"] for r in peers_)
+    top = max(peers_, key=lambda r: r["prefix_hit_ratio"])
+    fast = min(peers_, key=lambda r: r["ttft_p99_s"])
+    best_hit, best_p99 = top["prefix_hit_ratio"], fast["ttft_p99_s"]
     return {
         "best_peer_hit": best_hit,
+        "best_peer_hit_label": top["label"],
         "best_peer_p99": best_p99,
+        "best_peer_p99_label": fast["label"],
         "hit_ok": ours["prefix_hit_ratio"] >= best_hit,
         "p99_ok": ours["ttft_p99_s"] <= best_p99,
     }

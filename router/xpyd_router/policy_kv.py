@@ -5,14 +5,16 @@ replica computes alike, that is within its bounds: workers holding a longer cach
 prompt first, then by rendezvous weight of the request's affinity key (its leading blocks). The
 bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight
 uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
-`stick_factor` replaces `load_factor` for a worker holding `stick_blocks` more of the prompt than
-any other (moving it would recompute that much). A prefix thus stays on one worker until that worker
-is really busier than the rest, then spills to the same next worker on every replica, instead of
-being spread over the pool by small load differences, which copies it into every cache and, with
-caches smaller than the working set, evicts what the other prefixes needed. When every worker is
-over its bounds, the least loaded one. The trade-off was chosen on the workload suite of
-bench/cache (chat, RAG, agents, the shared traces; caches larger and smaller than the working set):
-bench/results/cache-suite.md.
+`stick_factor` replaces `load_factor` for a worker whose lead over the runner-up is `stick_blocks`
+or `stick_share` of the prompt (moving it would recompute that much). A prefix thus stays on one
+worker until that worker is really busier than the rest, then spills to the same next worker on
+every replica, instead of being spread over the pool by small load differences, which copies it
+into every cache and, with caches smaller than the working set, evicts what the other prefixes
+needed. When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
+that a decode worker within the load bound holds all but `direct_below_blocks` of goes straight to
+the one holding the most, so a conversation keeps extending one cache. The trade-off was chosen
+on the workload suite of bench/cache (chat, RAG, agents, the shared traces; caches larger and
+smaller than the working set): bench/results/cache-suite.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class KvAwareConfig:
     load_factor: float = 1.15  # a worker takes a request while its load < load_factor x mean load + load_slack
     load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
     stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
-    stick_factor: float = 2.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    stick_factor: float = 3.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
     recent_blocks: int = 256  # per worker: the blocks routed there lately, a guess until its KV events tell
@@ -102,7 +105,8 @@ class KvAwarePolicy(BasePolicy):
         # the request itself counts, so an idle pool still has room for it on each worker
         mean_load, mean_work = (load + 1.0) / n, (work + size - ranked[0][0]) / n
         factor = cfg.load_factor
-        if ranked[0][0] - ranked[1][0] >= cfg.stick_blocks:  # only this worker holds much of the prompt
+        lead = ranked[0][0] - ranked[1][0]
+        if lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds much of it
             factor = cfg.stick_factor
         for i, (hit, _, at) in enumerate(ranked):
             w = workers[at]
@@ -140,6 +144,24 @@ class KvAwarePolicy(BasePolicy):
         names = [w.name for s, w in scored if s <= best + 0.5]
         return Decision(tie_break(req.key, names), "least-loaded")
 
+    def _direct(self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int]) -> Decision | None:
+        """A decode worker that holds all but a short tail of the prompt and whose decode score (load
+        and KV usage) is within the load bound: the one holding the most (then by rendezvous weight),
+        so a conversation that went there keeps going there and its prefix stays whole on one worker."""
+        cfg = self.config
+        total = len(req.blocks)
+        scores = [w.load + cfg.kv_weight * w.kv_usage for w in workers]
+        bound = cfg.load_factor * (sum(scores) + 1.0) / len(workers) + cfg.load_slack
+        near = [
+            (matches.get(w.name, 0), weight(req.key, w.name), w.name)
+            for w, score in zip(workers, scores, strict=True)
+            if total - matches.get(w.name, 0) < cfg.direct_below_blocks and score < bound
+        ]
+        if not near:
+            return None
+        hit, _, name = max(near)
+        return Decision(name, "short-prompt", hit)
+
     def plan(
         self,
         req: RouteRequest,
@@ -157,9 +179,9 @@ class KvAwarePolicy(BasePolicy):
             return plan
         total, threshold = len(req.blocks), self.config.direct_below_blocks
         if total - max(matches.values(), default=0) < threshold:  # else no decode worker can be close enough
-            direct = self.choose_decode(req, decode_workers, None, index)
-            if total - matches.get(direct.worker, 0) < threshold:
-                return Plan(decode=Decision(direct.worker, "short-prompt", matches.get(direct.worker, 0)))
+            direct = self._direct(req, decode_workers, matches)
+            if direct is not None:
+                return Plan(decode=direct)
         first = self._prefill(req, prefill_workers, matches)
         self._sent(first.worker, req, index)
         prefill = find(prefill_workers, first.worker)

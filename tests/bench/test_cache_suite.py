@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bench.cache import report, suite
 from bench.cache import workloads as wl
 from bench.cache.peers import PEERS, TreeCachePolicy, VllmKvAwarePolicy, register
 
@@ -98,3 +99,36 @@ def test_peers_register_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert set(PEERS) <= set(policies.POLICIES)
     assert not set(PEERS) & set(POLICIES)  # the product's registry knows none of them
+
+
+def _entry(name: str, ours: float, peer: float, p99: float = 1.0) -> dict[str, object]:
+    rows = [
+        {"label": "xpyd kv-aware + KV events", "peer": False, "prefix_hit_ratio": ours, "ttft_p99_s": 0.5},
+        {"label": "sglang-router cache_aware", "peer": True, "prefix_hit_ratio": peer, "ttft_p99_s": p99},
+        {"label": "round-robin", "peer": False, "prefix_hit_ratio": 0.9, "ttft_p99_s": 0.1},
+    ]
+    for r in rows:
+        r |= {"ttft_p50_s": 0.1, "slo_attainment": 1.0, "imbalance": 1.0}
+    entry: dict[str, object] = {"scenario": name, "shape": "rag", "deployment": "8B 4W", "rate": 1.0,
+                                "working_set_tokens": 1, "cache_tokens_per_worker": 1, "cache_vs_working_set": 1.0,
+                                "ideal_hit_ratio": 0.5, "rows": rows}  # fmt: skip
+    return entry | suite.verdict(entry)
+
+
+@pytest.mark.parametrize(
+    ("ours", "peer", "p99", "hit_ok", "p99_ok", "note"),
+    [
+        (0.30, 0.30, 1.0, True, True, False),  # a tie passes; the reference router is not a peer
+        (0.30, 0.31, 1.0, False, True, True),  # a miss prints its note
+        (0.31, 0.30, 0.4, True, False, True),
+    ],
+)
+def test_verdict_names_the_best_peer_and_explains_a_miss(
+    ours: float, peer: float, p99: float, hit_ok: bool, p99_ok: bool, note: bool
+) -> None:
+    entry = _entry("rag-large", ours, peer, p99)
+    assert (entry["hit_ok"], entry["p99_ok"]) == (hit_ok, p99_ok)
+    assert entry["best_peer_hit_label"] == "sglang-router cache_aware"
+    md = report.suite_md({"suite": [entry]}, "# t")
+    assert f"{100 * (ours - peer):+.2f}" in md
+    assert ("## Rows that miss, and why" in md) == note

@@ -44,6 +44,7 @@ class Case:
 
 
 FOUR = ["a", "b", "c", "d"]
+HOME = max(FOUR, key=lambda n: weight(7, n))  # the rendezvous home of key 7, the cases' key
 
 
 def pool(**loads: dict[str, float]) -> list[WorkerState]:
@@ -63,7 +64,19 @@ PREFILL_CASES = [
     ),
     Case(
         "the same load moves a prefix too short to stick (the tighter load_factor bound applies)",
-        pool(a={"running": 2}), {"a": 8}, {"b", "c", "d"}, "spill",
+        pool(a={"running": 2}), {"a": 6}, {"b", "c", "d"}, "spill",
+    ),
+    Case(
+        "a lead of a fifth of the prompt sticks like a long one (stick_share)",
+        pool(a={"running": 2}), {"a": 8}, "a", "prefix",
+    ),
+    Case(
+        "no lead, no stickiness, even for a prompt without a full block",
+        pool(**{HOME: {"running": 2.0}}), {}, set(FOUR) - {HOME}, "spill", [],
+    ),
+    Case(
+        "a lead counts over the runner-up, not over nothing",
+        pool(a={"running": 2}, b={}), {"a": 30, "b": 26}, {"b", "c", "d"}, "spill",
     ),
     Case(
         "in-flight prompt work bounds a worker too",
@@ -164,6 +177,28 @@ def test_conditional_disaggregation(blocks: list[int], cached: int, threshold: i
     assert (plan.prefill is not None) == two_hops
     assert plan.kv_path == path
     assert plan.decode.worker == "d"
+
+
+D1, D2, SP = {"d1": 34, "d2": 37}, [w("d1", "decode"), w("d2", "decode")], "short-prompt"
+DIRECT_CASES = [  # want "": the prompt goes through prefill (reason: the prefill decision's)
+    Case("the decode worker holding the most goes first", D2, D1, "d2", SP),
+    Case("even when the other is less loaded", [D2[0], w("d2", "decode", running=1)], D1, "d2", SP),
+    Case("one over the bound leaves it to the other", [D2[0], w("d2", "decode", running=6)], D1, "d1", SP),
+    Case("a full KV cache counts as load", [D2[0], w("d2", "decode", kv_usage=1.0)], D1, "d1", SP),
+    Case("both too far: prefill", D2, {"d1": 20, "d2": 30}, "", "prefix"),
+    Case("every near one over the bound: prefill", [w("d1", "decode", running=6), D2[1]], {"d1": 36}, "", "prefix"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=lambda c: c.id)
+def test_short_prompt_goes_to_the_decode_worker_holding_it(case: Case) -> None:
+    index = index_with(BLOCKS, p=40, **case.cached)
+    plan = KvAwarePolicy().plan(RouteRequest(BLOCKS, key=3), [w("p")], case.workers, index)
+    hop = plan.decode if case.want else plan.prefill
+    assert (plan.prefill is None) == bool(case.want)
+    assert hop is not None and hop.reason == case.reason
+    if isinstance(case.want, str) and case.want:
+        assert (hop.worker, hop.matched_blocks) == (case.want, case.cached[case.want])
 
 
 def test_plan_records_blocks_for_both_hops_and_rdma_across_domains() -> None:
