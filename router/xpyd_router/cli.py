@@ -73,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="URL",
-        help="the other router replicas' base URLs: each replica shares its in-flight counts with them",
+        help="the other router replicas' base URLs: each replica shares its in-flight counts with them "
+        "(with --deployment: found from the pod watch when omitted)",
     )
     p.add_argument("--peer-sync", type=float, default=0.1, help="seconds between in-flight count exchanges")
     p.add_argument(
@@ -188,19 +189,21 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         from xpyd_router.kv_events import KvEventHub
 
         background.append(KvEventHub(pool, args.kv_events_topic).run)
+    share = None
+    if args.peers or args.deployment:  # in a cluster the other replicas come from the pod watch
+        from xpyd_router.loadshare import LoadShare
+
+        share = LoadShare(pool, args.peers, args.peer_sync, api_key=args.api_key)
+        background.append(share.run)
     if args.deployment:
         from xpyd_router.discovery import watch_deployment
 
+        found = share.set_peers if share is not None and not args.peers else None
+
         async def discover(p: WorkerPool) -> None:
-            await watch_deployment(args.deployment, args.namespace, p.set_workers)
+            await watch_deployment(args.deployment, args.namespace, p.set_workers, peers=found, me=args.host)
 
         background.append(discover)
-    share = None
-    if args.peers:
-        from xpyd_router.loadshare import LoadShare
-
-        share = LoadShare(pool, args.peers, args.peer_sync)
-        background.append(share.run)
     metrics = RouterMetrics(args.deployment or "standalone")
     config = ProxyConfig(
         engine=args.engine,

@@ -125,17 +125,40 @@ def workers_of(pods: Iterable[Any]) -> list[WorkerSpec]:
     return out
 
 
+def router_peers(pods: Iterable[Any], me: str) -> list[str]:
+    """Base URLs of the deployment's other Ready router replicas (not the one at IP `me`), sorted."""
+    out = []
+    for pod in pods:
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        role = (dict(meta.labels or {}) if meta else {}).get(labels.ROLE)
+        if role != "router" or not _live(pod) or not status.podIP or status.podIP == me:
+            continue
+        ports = {p.name: p.containerPort for c in (spec.containers if spec else []) for p in c.ports or [] if p.name}
+        out.append(f"http://{status.podIP}:{ports.get('http', DEFAULT_PORT)}")
+    return sorted(out)
+
+
 async def watch_deployment(
     deployment: str,
     namespace: str,
     apply: Callable[[list[WorkerSpec]], None],
     client: AsyncClient | None = None,
+    peers: Callable[[list[str]], None] | None = None,
+    me: str = "",
 ) -> None:
     """Keeps `apply` fed with the current workers: list, then watch; re-list on errors and every minute.
 
     Every event updates the full pod set and recomputes the workers from all of it: a group's
-    readiness depends on several pods, so no event is applied to the workers on its own.
+    readiness depends on several pods, so no event is applied to the workers on its own. `peers`,
+    when given, gets the other router replicas (pods of role router other than the one at IP `me`).
     """
+
+    def publish(current: Iterable[Any]) -> None:
+        current = list(current)
+        apply(workers_of(current))
+        if peers is not None:
+            peers(router_peers(current, me))
+
     client = client or AsyncClient(namespace=namespace)
     selector: dict[str, Any] = {labels.DEPLOYMENT: deployment}
     while True:
@@ -143,14 +166,14 @@ async def watch_deployment(
             pods: dict[str, Any] = {}
             async for pod in client.list(Pod, namespace=namespace, labels=selector):
                 pods[_name(pod)] = pod
-            apply(workers_of(pods.values()))
+            publish(pods.values())
             async with asyncio.timeout(RELIST_SECONDS):
                 async for kind, pod in client.watch(Pod, namespace=namespace, labels=selector):
                     if kind == "DELETED":
                         pods.pop(_name(pod), None)
                     else:
                         pods[_name(pod)] = pod
-                    apply(workers_of(pods.values()))
+                    publish(pods.values())
         except TimeoutError:
             continue
         except asyncio.CancelledError:

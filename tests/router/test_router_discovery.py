@@ -134,3 +134,25 @@ async def test_a_draining_pod_leaves_the_pool_on_its_first_event(change: dict[st
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert seen == [["http://127.0.0.1:8000", "http://127.0.0.2:8000"], ["http://127.0.0.1:8000"]]
+
+
+def _router(ip: str | None, ready: str = "True", deleting: bool = False) -> Pod:
+    made = pod("router", ready=ready, ip=ip, deleting=deleting, ports=[ContainerPort(8000, name="http")])
+    assert made.metadata is not None
+    made.metadata.name = f"router-{ip}"
+    return made
+
+
+@pytest.mark.parametrize(
+    ("pods", "want"),
+    [
+        ([_router("127.0.0.5"), _router("127.0.0.6")], ["http://127.0.0.6:8000"]),  # not itself
+        ([_router("127.0.0.7"), _router("127.0.0.6")], ["http://127.0.0.6:8000", "http://127.0.0.7:8000"]),
+        ([_router("127.0.0.6", ready="False"), _router("127.0.0.7", deleting=True)], []),
+        ([_router(None), pod("prefill", ip="127.0.0.8")], []),  # no IP yet; a worker is no peer
+    ],
+)
+def test_router_peers_are_the_other_ready_replicas(pods: list[Pod], want: list[str]) -> None:
+    from xpyd_router.discovery import router_peers
+
+    assert router_peers(pods, me="127.0.0.5") == want

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from xpyd_router.loadshare import PATH, LoadShare
+from xpyd_router.loadshare import PATH, LoadShare, worker_id
 from xpyd_router.policies import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 
 A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
+IA, IB = worker_id(A), worker_id(B)  # the ids replicas exchange: hashed, no address leaves the router
 
 
 def pool() -> WorkerPool:
@@ -26,10 +28,10 @@ def pool() -> WorkerPool:
     ("reports", "now", "want"),
     [
         ({}, 10.0, {A: (0, 0), B: (0, 0)}),
-        ({"p1": (10.0, {A: [2, 30]})}, 10.0, {A: (2, 30), B: (0, 0)}),
-        ({"p1": (10.0, {A: [2, 30]}), "p2": (9.9, {A: [1, 5], B: [4, 0]})}, 10.0, {A: (3, 35), B: (4, 0)}),
-        ({"p1": (9.0, {A: [2, 30]}), "p2": (9.9, {B: [4, 0]})}, 10.0, {A: (0, 0), B: (4, 0)}),  # p1 went quiet
-        ({"p1": (10.0, {"http://gone:1": [7, 7]})}, 10.0, {A: (0, 0), B: (0, 0)}),  # a worker we do not route to
+        ({"p1": (10.0, {IA: [2, 30]})}, 10.0, {A: (2, 30), B: (0, 0)}),
+        ({"p1": (10.0, {IA: [2, 30]}), "p2": (9.9, {IA: [1, 5], IB: [4, 0]})}, 10.0, {A: (3, 35), B: (4, 0)}),
+        ({"p1": (9.0, {IA: [2, 30]}), "p2": (9.9, {IB: [4, 0]})}, 10.0, {A: (0, 0), B: (4, 0)}),  # p1 went quiet
+        ({"p1": (10.0, {worker_id("http://gone:1"): [7, 7]})}, 10.0, {A: (0, 0), B: (0, 0)}),  # not ours
     ],
 )
 def test_fresh_peer_reports_are_summed_per_worker(
@@ -46,7 +48,9 @@ def test_the_snapshot_holds_only_this_replicas_own_counts() -> None:
     p = pool()
     p.begin(A, 12)
     p.workers[A].peer_inflight, p.workers[A].peer_blocks = 5, 50  # learnt from others: never passed on
-    assert orjson.loads(LoadShare(p, []).snapshot()) == {A: [1, 12], B: [0, 0]}
+    body = LoadShare(p, []).snapshot()
+    assert orjson.loads(body) == {IA: [1, 12], IB: [0, 0]}
+    assert b"127.0.0.1" not in body
 
 
 async def test_two_replicas_learn_each_others_counts() -> None:
@@ -79,3 +83,35 @@ async def test_two_replicas_learn_each_others_counts() -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         for s in servers:
             await s.close()
+
+
+@pytest.mark.parametrize(
+    ("key", "sent", "status"),
+    [
+        (None, None, 200),  # no API key: open, like the API itself
+        ("s3cret", None, 401),
+        ("s3cret", "Bearer wrong", 401),
+        ("s3cret", "Bearer s3cret", 200),
+    ],
+)
+async def test_the_exchange_needs_the_api_key_when_there_is_one(key: str | None, sent: str | None, status: int) -> None:
+    share = LoadShare(pool(), [], api_key=key)
+    app = web.Application()
+    app.router.add_get(PATH, share.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            headers = {"Authorization": sent} if sent else {}
+            async with session.get(server.make_url(PATH), headers=headers) as resp:
+                assert resp.status == status
+    finally:
+        await server.close()
+
+
+def test_set_peers_forgets_the_reports_of_peers_that_left() -> None:
+    share = LoadShare(pool(), ["http://r1:8000", "http://r2:8000"])
+    share.reports = {"http://r1:8000": (1.0, {IA: [1, 1]}), "http://r2:8000": (1.0, {IB: [2, 2]})}
+    share.set_peers(["http://r2:8000/", "http://r3:8000"])
+    assert share.peers == ["http://r2:8000", "http://r3:8000"]
+    assert list(share.reports) == ["http://r2:8000"]
