@@ -8,6 +8,7 @@ the workers' own counters (`vllm:prefix_cache_hits_total / vllm:prefix_cache_que
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,11 @@ PEERS = [
 ]
 LIVE_SCENARIOS = [("chat-20rps-small", 30.0), ("chat-28rps-small", 30.0)]  # (scenario, seconds replayed)
 WARM_S = 60.0  # the slice replayed starts here: conversations are under way
+
+
+def scrub(text: str) -> str:
+    """An error for the results file: absolute paths (a peer's backtrace names its build folders) cut to the file."""
+    return re.sub(r"(?:/[\w.+-]+){1,}/([\w.+-]+)", r"<path>/\1", text)
 
 
 def _emulators(
@@ -162,7 +168,7 @@ def run_peers(logdir: Path, quick: bool = False) -> list[dict[str, Any]]:
                 wait_http(router.url, "/health", 60, router)
                 row = _summary(_replay(router.url, bodies, arrivals)) | {"prefix_hit_ratio": _hit_ratio(urls)}
             except (RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
-                row = {"error": str(exc)[-300:]}
+                row = {"error": scrub(str(exc)[-300:])}
             finally:
                 procs.stop_all()
             rows.append({"scenario": name, "router": label, "requests": len(reqs), "cache_blocks": cache_blocks} | row)
@@ -263,7 +269,7 @@ def run_replicas(logdir: Path, quick: bool = False, counts: tuple[int, ...] = (1
                 row = json.loads(out.stdout.decode().strip().splitlines()[-1])
                 row["prefix_hit_ratio"] = _hit_ratio([e.url for role, e in workers if role == "prefill"])
             except (RuntimeError, TimeoutError, subprocess.SubprocessError, ValueError) as exc:
-                row = {"error": str(exc)[-300:]}
+                row = {"error": scrub(str(exc)[-300:])}
             finally:
                 procs.stop_all()
             rows.append({"scenario": s.name, "replicas": n, "speedup": speedup} | row)

@@ -80,6 +80,7 @@ def verdict(entry: dict[str, Any]) -> dict[str, Any]:
 REPLICA_SCENARIOS = ("mooncake-conv-large", "azure-conv", "chat-28rps-small")
 REPLICA_MODES: list[tuple[str, IndexMode, float]] = [
     ("own routes, no sharing (before)", "own", 0.0),
+    ("own routes + in-flight sharing (in-cluster, no tokenizer)", "own", PEER_SYNC_S),
     ("KV events + in-flight sharing", "events", PEER_SYNC_S),
 ]
 
