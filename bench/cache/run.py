@@ -80,12 +80,13 @@ def main() -> int:
                 res["sim"]["replicas"],
                 _header("Router replicas (simulated)", res, "sim section")
                 + "\n\n`xpyd simulate` with the kv-aware policy; requests spread over the replicas in turn"
-                " (a Service). Before: each replica's index fed by its own routes, no shared load."
-                " After: every index fed by the workers' KV events (50 ms late) and the replicas"
-                f" exchanging their in-flight counts every {suite.PEER_SYNC_S * 1000:.0f} ms. The before row"
-                " is what the router does with neither (no tokenizer, no `--peers`): each replica bounds a worker"
-                " by the 1/N of its load it sees, and the sticky bound (3x the mean) lets a replica pile"
-                " prefixes onto a worker the others also load; with KV events alone (no sharing) chat-28rps-small"
+                " (a Service). Before: each replica's index fed by its own routes, no shared load: each bounds a"
+                " worker by the 1/N of its load it sees, and the sticky bound (3x the mean) lets a replica pile"
+                " prefixes onto a worker the others also load. Own routes + sharing: what an in-cluster router does"
+                " for engines whose tokenizer it lacks (real vLLM/SGLang today): the replicas, found in the pod"
+                f" watch, exchange their in-flight counts every {suite.PEER_SYNC_S * 1000:.0f} ms. KV events +"
+                " sharing: every index fed by the workers' KV events (50 ms late) as well (the emulator's"
+                " tokenizer in-cluster, or --tokenizer); with KV events alone (no sharing) chat-28rps-small"
                 " stays at 77.6-78.4% / 100% from 1 to 8 replicas.",
             )
         )

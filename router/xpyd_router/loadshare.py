@@ -46,12 +46,13 @@ class LoadShare:
         api_key: str | None = None,
     ) -> None:
         self.pool = pool
-        self.peers = [p.rstrip("/") for p in peers]
+        self.peers: list[str] = []
         self.access = ApiKey(api_key)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.interval = interval
         self.stale_s = stale_after * interval
         self.reports: dict[str, tuple[float, dict[str, list[int]]]] = {}  # peer -> (when, worker -> counts)
+        self.set_peers(peers)
 
     def snapshot(self) -> bytes:
         """This replica's own counts: worker id -> [in-flight requests, in-flight uncached prompt blocks]."""
@@ -61,6 +62,8 @@ class LoadShare:
         """The current peers (from discovery); reports of peers that left are dropped."""
         self.peers = [p.rstrip("/") for p in peers]
         self.reports = {p: r for p, r in self.reports.items() if p in self.peers}
+        if hasattr(self.pool.policy, "replicas"):  # the kv-aware policy sticks prefixes only with a shared index
+            self.pool.policy.replicas = len(self.peers) + 1
 
     async def handle(self, request: web.Request) -> web.Response:
         if not self.access.allows(request.headers.get("Authorization")):

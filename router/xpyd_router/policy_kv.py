@@ -10,7 +10,12 @@ or `stick_share` of the prompt (moving it would recompute that much). A prefix t
 worker until that worker is really busier than the rest, then spills to the same next worker on
 every replica, instead of being spread over the pool by small load differences, which copies it
 into every cache and, with caches smaller than the working set, evicts what the other prefixes
-needed. When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
+needed. Stickiness needs an index the replicas share: with KV events every replica sees the
+engines' caches, but a replica that knows only its own routes and has peers (`replicas` > 1) uses
+`load_factor` alone, since each replica's private index would pin prefixes to different workers
+and pile load where the others cannot see why (simulated: 2 replicas on the chat shape fell to 37%
+hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
+When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
 that a decode worker within the load bound holds all but `direct_below_blocks` of goes straight to
 the one holding the most, so a conversation keeps extending one cache. The trade-off was chosen
 on the workload suite of bench/cache (chat, RAG, agents, the shared traces; caches larger and
@@ -62,6 +67,7 @@ class KvAwarePolicy(BasePolicy):
 
     def __init__(self, config: KvAwareConfig | None = None) -> None:
         self.config = config or KvAwareConfig()
+        self.replicas = 1  # router replicas routing to the same workers (this one included); set by discovery
         # With event-fed workers the index learns a prompt's blocks only once they are computed; what this
         # replica sent since is kept here, in a small LRU per worker, so a burst on one prefix follows it.
         self.recent = PrefixIndex()
@@ -83,11 +89,17 @@ class KvAwarePolicy(BasePolicy):
             self.recent.record(name, req.blocks)
 
     def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        decision = self._prefill(req, workers, self._matches(req, index))
+        decision = self._prefill(req, workers, self._matches(req, index), self._shared(index))
         self._sent(decision.worker, req, index)
         return decision
 
-    def _prefill(self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int]) -> Decision:
+    def _shared(self, index: PrefixIndex) -> bool:
+        """Whether every replica sees this index alike: one replica, or caches told by the engines' events."""
+        return self.replicas <= 1 or bool(index.fed)
+
+    def _prefill(
+        self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int], sticky: bool
+    ) -> Decision:
         if not workers:
             raise NoWorker("prefill")
         if len(workers) == 1:
@@ -106,7 +118,7 @@ class KvAwarePolicy(BasePolicy):
         mean_load, mean_work = (load + 1.0) / n, (work + size - ranked[0][0]) / n
         factor = cfg.load_factor
         lead = ranked[0][0] - ranked[1][0]
-        if lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds much of it
+        if sticky and lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds it
             factor = cfg.stick_factor
         for i, (hit, _, at) in enumerate(ranked):
             w = workers[at]
@@ -172,9 +184,10 @@ class KvAwarePolicy(BasePolicy):
         if not decode_workers:
             raise NoWorker("decode" if prefill_workers else "worker")
         matches = self._matches(req, index)
+        sticky = self._shared(index)
         prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
         if not prefill_workers:
-            plan = Plan(decode=self._prefill(req, decode_workers, matches))
+            plan = Plan(decode=self._prefill(req, decode_workers, matches, sticky))
             self._sent(plan.decode.worker, req, index)
             return plan
         total, threshold = len(req.blocks), self.config.direct_below_blocks
@@ -182,7 +195,7 @@ class KvAwarePolicy(BasePolicy):
             direct = self._direct(req, decode_workers, matches)
             if direct is not None:
                 return Plan(decode=direct)
-        first = self._prefill(req, prefill_workers, matches)
+        first = self._prefill(req, prefill_workers, matches, sticky)
         self._sent(first.worker, req, index)
         prefill = find(prefill_workers, first.worker)
         second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)

@@ -53,9 +53,10 @@ class SimRouter:
         self.bus = EventBus(event_delay_s) if index != "own" else None
         self.pools = []
         for _ in range(replicas):
-            pool = WorkerPool(
-                self._policy(policy), block_chars=block_tokens * CHARS_PER_TOKEN, chars_per_token=CHARS_PER_TOKEN
-            )
+            impl = self._policy(policy)
+            if isinstance(impl, KvAwarePolicy):
+                impl.replicas = replicas  # as discovery tells a router in a cluster
+            pool = WorkerPool(impl, block_chars=block_tokens * CHARS_PER_TOKEN, chars_per_token=CHARS_PER_TOKEN)
             if self.bus is not None:
                 pool.index = EventFedIndex(own=index == "events+own")
                 self.bus.indexes.append(pool.index)

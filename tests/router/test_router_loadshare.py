@@ -115,3 +115,12 @@ def test_set_peers_forgets_the_reports_of_peers_that_left() -> None:
     share.set_peers(["http://r2:8000/", "http://r3:8000"])
     assert share.peers == ["http://r2:8000", "http://r3:8000"]
     assert list(share.reports) == ["http://r2:8000"]
+
+
+def test_peers_tell_the_kv_aware_policy_how_many_replicas_route() -> None:
+    p = pool()
+    share = LoadShare(p, ["http://r1:8000"])
+    assert isinstance(p.policy, KvAwarePolicy)
+    assert p.policy.replicas == 2
+    share.set_peers([])
+    assert p.policy.replicas == 1

@@ -298,3 +298,26 @@ def test_block_counts_follow_the_block_size(
     got = (cfg.stick_blocks, cfg.work_slack, cfg.recent_blocks, cfg.direct_below_blocks)
     assert got == (stick, work, recent, direct)
     assert KvAwareConfig(direct_below_blocks=0).for_blocks(16).direct_below_blocks == 0  # never stays never
+
+
+@pytest.mark.parametrize(
+    ("replicas", "fed", "want", "reason"),
+    [
+        (1, False, "a", "prefix"),  # one router: its own routes are the whole picture, the prefix sticks
+        (2, False, None, "spill"),  # replicas with private indexes: load alone decides
+        (2, True, "a", "prefix"),  # replicas sharing the engines' KV events stick again
+    ],
+)
+def test_stickiness_needs_an_index_the_replicas_share(replicas: int, fed: bool, want: str | None, reason: str) -> None:
+    policy = KvAwarePolicy()
+    policy.replicas = replicas
+    index = index_with(BLOCKS, a=30)
+    if fed:
+        for name in FOUR:
+            index.fed.add(name)
+    decision = policy.choose_prefill(RouteRequest(BLOCKS, key=3), pool(a={"running": 4.0}), index)
+    assert decision.reason == reason
+    if want is not None:
+        assert decision.worker == want
+    else:
+        assert decision.worker != "a"
