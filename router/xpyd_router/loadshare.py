@@ -62,6 +62,8 @@ class LoadShare:
         """The current peers (from discovery); reports of peers that left are dropped."""
         self.peers = [p.rstrip("/") for p in peers]
         self.reports = {p: r for p, r in self.reports.items() if p in self.peers}
+        if not self.peers:  # a lone replica: clear what the last peers reported, then the loop idles
+            self.apply(time.monotonic())
         if hasattr(self.pool.policy, "replicas"):  # the kv-aware policy sticks prefixes only with a shared index
             self.pool.policy.replicas = len(self.peers) + 1
 
@@ -98,6 +100,9 @@ class LoadShare:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 started = time.monotonic()
+                if not self.peers:  # nobody to ask: no requests, no per-worker pass on the router's loop
+                    await asyncio.sleep(self.interval)
+                    continue
                 with contextlib.suppress(Exception):  # one bad round must not end the exchange
                     await asyncio.gather(*(self._poll(session, p) for p in list(self.peers)))
                     self.apply(time.monotonic())
