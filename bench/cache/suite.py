@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.cache import peers
 from bench.cache import scenarios as sc
+from bench.cache import workloads as wl
 
 from xpyd_sim.engine import SimConfig
 from xpyd_sim.kvevents import IndexMode
@@ -45,25 +46,47 @@ def _run(s: sc.Scenario, config: SimConfig, label: str) -> dict[str, Any]:
     return {k: res[k] for k in KEYS} | {"label": label, "cpu_s": res["cpu_s"]}
 
 
-def scenario_rows(s: sc.Scenario, routers: Iterable[Router] = ROUTERS) -> dict[str, Any]:
-    """One scenario: its description and one row per router."""
+SEEDS = (0, 1, 2)  # the synthetic shapes are drawn anew per seed; the traces are what they are
+MEANS = ("prefix_hit_ratio", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "imbalance")
+
+
+def seeds_of(s: sc.Scenario, seeds: Sequence[int] = SEEDS) -> list[int]:
+    return list(seeds) if s.shape in wl.SYNTHETIC else [s.seed]
+
+
+def scenario_rows(s: sc.Scenario, routers: Iterable[Router] = ROUTERS, seeds: Sequence[int] = SEEDS) -> dict[str, Any]:
+    """One scenario: its description, one run per router and seed, and each router's mean over the seeds."""
     peers.register()
-    rows = [
-        _run(s, SimConfig(router=r.policy, router_index=r.index, router_replicas=1), r.label) | {"peer": r.peer}
-        for r in routers
-    ]
+    routers = list(routers)
+    runs: list[dict[str, Any]] = []
+    for seed in seeds_of(s, seeds):
+        drawn = replace(s, seed=seed)
+        rows = [
+            _run(drawn, SimConfig(router=r.policy, router_index=r.index, router_replicas=1), r.label) | {"peer": r.peer}
+            for r in routers
+        ]
+        runs.append({"seed": seed, "rows": rows} | verdict({"rows": rows}))
+    means = []
+    for i, r in enumerate(routers):
+        each = [run["rows"][i] for run in runs]
+        row: dict[str, Any] = {"label": r.label, "peer": r.peer}
+        row |= {k: sum(x[k] or 0.0 for x in each) / len(each) for k in MEANS}
+        row["router_decisions"] = each[0]["router_decisions"]
+        means.append(row)
     return (
         {"scenario": s.name, "shape": s.shape, "deployment": s.deployment, "cache": s.cache}
         | sc.describe(s)
-        | {"rows": rows}
+        | {"rows": means, "seeds": runs}
     )
 
 
 def verdict(entry: dict[str, Any]) -> dict[str, Any]:
-    """Whether xpyd (with KV events) reached the best peer's hit ratio and TTFT p99 in this scenario."""
+    """Whether xpyd (with KV events) reached the best peer's hit ratio and TTFT p99 in these rows."""
     rows = {r["label"]: r for r in entry["rows"]}
     ours = rows[XPYD]
     peers_ = [r for r in entry["rows"] if r["peer"]]
+    if not peers_:
+        return {}
     top = max(peers_, key=lambda r: r["prefix_hit_ratio"])
     fast = min(peers_, key=lambda r: r["ttft_p99_s"])
     best_hit, best_p99 = top["prefix_hit_ratio"], fast["ttft_p99_s"]

@@ -51,6 +51,7 @@ ROUTER_ERRORS: Final = "xpyd_router_errors_total"
 ROUTER_RETRIES: Final = "xpyd_router_retries_total"
 ROUTER_WORKERS: Final = "xpyd_router_workers"
 ROUTER_INFLIGHT: Final = "xpyd_router_inflight_requests"
+ROUTER_TOKENIZER_LOADED: Final = "xpyd_router_tokenizer_loaded"  # 1: prompts keyed by the engines' tokens
 
 # --- the operator's autoscaler (labels namespace, deployment, role) ---
 AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"

@@ -34,6 +34,9 @@ HF_TOKEN: Final = "HF_TOKEN"  # what model.tokenSecret sets: vLLM, SGLang and hu
 ANY_TOPOLOGY: Final = "Any"  # pins nothing: no hardware to model or to select nodes by
 Mode = Literal["Disaggregated", "Colocated"]
 RouterPolicy = Literal["kv-aware", "least-loaded", "round-robin"]
+AUTO_TOKENIZER: Final = "auto"
+# auto | none | hf:owner/name[@revision] | an absolute path in the router image
+TOKENIZER_PATTERN: Final = r"^(auto|none|hf:[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?(@[A-Za-z0-9._/-]+)?|/[^\s]*)$"
 ConditionStatus = Literal["True", "False", "Unknown"]
 KvPath = Literal["NVLink", "RDMA", "Local", "Unknown"]
 
@@ -74,6 +77,13 @@ class EnvVar(_Model):
     name: str = Field(min_length=1)
     value: str = ""
     value_from: EnvVarSource | None = Field(default=None, description="Instead of value: from a Secret's key.")
+
+    def manifest(self) -> dict[str, Any]:
+        """The container env entry."""
+        if self.value_from is None:
+            return {"name": self.name, "value": self.value}
+        ref = self.value_from.secret_key_ref
+        return {"name": self.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
 class LocalObjectReference(_Model):
@@ -205,6 +215,19 @@ class RouterSpec(_Model):
     api_key_secret: SecretKeySelector | None = Field(
         default=None,
         description="Clients must send this Secret key's value as `Authorization: Bearer <key>`; open when omitted.",
+    )
+    tokenizer: str = Field(
+        default=AUTO_TOKENIZER,
+        max_length=300,
+        pattern=TOKENIZER_PATTERN,
+        description=(
+            "How the router cuts prompts into the engines' KV blocks, so their KV-cache events feed its prefix "
+            "index and every replica sees what each engine holds: 'auto' (the served model's tokenizer and chat "
+            "template from the Hugging Face Hub, with model.tokenSecret and engine.env's HF_ENDPOINT; the "
+            "emulator's own tokens for the emulator), 'hf:REPO[@REVISION]', a directory or tokenizer.json path "
+            "inside the router image, or 'none' (byte blocks: engine events unused, each replica indexes its own "
+            "routes). A tokenizer that cannot be fetched leaves the router routing as with 'none'."
+        ),
     )
 
 

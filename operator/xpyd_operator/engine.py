@@ -124,12 +124,7 @@ def env(spec: DisaggregatedDeploymentSpec, owner_name: str, role: str, domain: s
         out.append(_field(L.ENV_NVLINK_DOMAIN, "spec.nodeName"))
     if topology is not None:
         out.append({"name": L.ENV_GPU, "value": topology.gpu.name})
-    for e in spec.engine.env:
-        if e.value_from is not None:
-            ref = e.value_from.secret_key_ref
-            out.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-        else:
-            out.append({"name": e.name, "value": e.value})
+    out += [e.manifest() for e in spec.engine.env]
     return out
 
 

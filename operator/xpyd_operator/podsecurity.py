@@ -14,6 +14,7 @@ from xpyd_api.models import DisaggregatedDeploymentSpec
 RUN_AS: Final = 65532  # the xpyd image's numeric user and group (Dockerfile `USER 65532:65532`)
 TMP_VOLUME: Final = "tmp"
 TMP_SIZE: Final = "256Mi"
+TMP_PATH: Final = "/tmp"  # in the container: the emptyDir's mount
 
 # Device resources that register host memory with an RDMA NIC, by exact name or by prefix ending in
 # "/": pinning that memory beyond RLIMIT_MEMLOCK needs CAP_IPC_LOCK (llm-d, Dynamo and RoleBasedGroup
@@ -56,7 +57,7 @@ def tmp_volume() -> dict[str, Any]:
 
 
 def tmp_mount() -> dict[str, Any]:
-    return {"name": TMP_VOLUME, "mountPath": "/tmp"}
+    return {"name": TMP_VOLUME, "mountPath": TMP_PATH}
 
 
 def fabric_capabilities(resources: Iterable[str]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpyd_api import labels as L
-from xpyd_api.models import DisaggregatedDeploymentSpec
+from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec
 from xpyd_operator import podsecurity
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
@@ -25,6 +25,8 @@ RESOURCES: dict[str, dict[str, str]] = {
     "requests": {"cpu": "500m", "memory": "256Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
+HUB_CACHE = f"{podsecurity.TMP_PATH}/hf"  # HF_HOME: the router's only writable place is its /tmp emptyDir
+HUB_ENV = ("HF_ENDPOINT", HF_TOKEN, "HF_HUB_OFFLINE", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
 # Spread replicas over nodes, softly: a one-node cluster still schedules them all.
 SPREAD_KEYS = (L.HOSTNAME,)
 
@@ -37,8 +39,8 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
     cmd = ["xpyd", "router", "--deployment", owner.name, "--namespace", owner.namespace]
     cmd += ["--host", "$(POD_IP)", "--port", str(L.ROUTER_PORT), "--policy", spec.router.policy]
     cmd += ["--engine", "sglang" if spec.engine.kind == "sglang" else "vllm"]
-    if spec.engine.kind == "emulator":  # the router then keys prefixes by the emulator's tokens: its KV events apply
-        cmd += ["--tokenizer", "emulator"]
+    if (tok := tokenizer(spec)) != "none":  # prefixes keyed by the engines' tokens: their KV events apply
+        cmd += ["--tokenizer", tok]
     # Ready once it routes (/health: a ready decode or co-located worker); alive while its loop answers.
     ready = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3}
     alive = {"httpGet": {"path": "/metrics", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
@@ -51,6 +53,7 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
             {"name": L.ENV_DEPLOYMENT, "value": owner.name},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             *api_key_env(spec),
+            *hub_env(spec),
         ],
         "ports": [{"name": "http", "containerPort": L.ROUTER_PORT, "protocol": "TCP"}],
         "readinessProbe": ready,
@@ -98,6 +101,33 @@ def api_key_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
         return []
     source = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
     return [{"name": L.ENV_ROUTER_API_KEY, "valueFrom": source}]
+
+
+def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
+    """The router's --tokenizer: the emulator's tokens, or the served model's tokenizer from the Hub.
+
+    A model served from a path (a volume on the engines) has no Hub repository the router could
+    fetch; name its tokenizer in spec.router.tokenizer (a path in the router image), else byte keys.
+    """
+    choice = spec.router.tokenizer
+    if choice != AUTO_TOKENIZER:
+        return choice
+    if spec.engine.kind == "emulator":
+        return "emulator"
+    return "none" if spec.model.name.startswith("/") else f"hf:{spec.model.name}"
+
+
+def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
+    """What the router needs to fetch a tokenizer from the Hub: the engines' token and mirror, a cache in /tmp."""
+    if not tokenizer(spec).startswith("hf:"):
+        return []
+    out: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HUB_CACHE}]
+    if (ref := spec.model.token_secret) is not None:
+        out.append({"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    for var in spec.engine.env:  # a mirror or offline switch the engines use applies to the router too
+        if var.name in HUB_ENV:
+            out.append(var.manifest())
+    return out
 
 
 def service(owner: Owner) -> dict[str, Any]:

@@ -9,7 +9,8 @@ depth, so both sides agree without the engine's own (per-process seeded) block h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +18,9 @@ from xpyd_router.engine_tokens import Ids, Tokenizer
 from xpyd_router.hashing import block_hashes
 
 MAX_BLOCKS = 1 << 16  # deeper blocks are not keyed (1M tokens at 16 a block)
+MAX_BLOCK_SIZE = 1024  # tokens: the largest block a key can be computed for
 _RNG = np.random.default_rng(0x70CE_B10C)
-_SLOT_KEYS = _RNG.integers(1, 2**63, size=1024, dtype=np.uint64) | np.uint64(1)
+_SLOT_KEYS = _RNG.integers(1, 2**63, size=MAX_BLOCK_SIZE, dtype=np.uint64) | np.uint64(1)
 _DEPTH_KEYS = _RNG.integers(1, 2**63, size=MAX_BLOCKS, dtype=np.uint64) | np.uint64(1)
 
 
@@ -41,7 +43,7 @@ def token_block_keys(ids: Ids, block_size: int, parent: int = 0, depth: int = 0)
     return keys
 
 
-def prompt_ids(body: dict[str, object]) -> list[int] | None:
+def prompt_ids(body: Mapping[str, object]) -> list[int] | None:
     """A completion prompt given as token ids (`[ids]` or `[[ids]]`), else None: the text is tokenized."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
@@ -61,6 +63,12 @@ class RequestKeys:
         # Tokens one key stands for: sizes each worker's modelled cache from its reported capacity.
         self.tokens_per_block = float(block_size) if tokenizer is not None else block_chars / chars_per_token
 
+    def set_block_size(self, block_size: int) -> None:
+        """Key by the engines' block size (reported in their KV events)."""
+        self.block_size = block_size
+        if self.tokenizer is not None:
+            self.tokens_per_block = float(block_size)
+
     @property
     def engine_aligned(self) -> bool:
         """Whether keys are the engine's blocks (engine KV events can then feed the index)."""
@@ -71,3 +79,15 @@ class RequestKeys:
             return block_hashes(text, self.block_chars)
         ids = np.asarray(prompt_ids, dtype=np.int64) if prompt_ids is not None else self.tokenizer.encode(text)
         return token_block_keys(ids, self.block_size)
+
+    def for_request(self, body: Mapping[str, Any], text: str, chat: bool) -> list[int]:
+        """A parsed request's keys. `text` (protocol.parse_body's) keys it without a tokenizer; with one,
+        completion token ids are used as sent, and the rest is tokenized as the engine does it (chat:
+        rendered with the model's chat template, falling back to `text` when that cannot be done)."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:  # no rendering, no tokenizing
+            return block_hashes(text, self.block_chars)
+        ids = None if chat else prompt_ids(body)
+        if ids is not None:
+            return token_block_keys(np.asarray(ids, dtype=np.int64), self.block_size)
+        return token_block_keys(tokenizer.prompt_ids(body, text, chat), self.block_size)

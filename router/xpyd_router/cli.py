@@ -11,6 +11,7 @@ import math
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -20,10 +21,10 @@ from xpyd_api import labels as L
 from xpyd_router.access import API_KEY_ENV, load_api_key
 from xpyd_router.app import Background, build_app
 from xpyd_router.block_keys import RequestKeys
-from xpyd_router.engine_tokens import make_tokenizer
+from xpyd_router.engine_tokens import is_hub_spec, load_hub_tokenizer, make_tokenizer
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.policies import POLICIES, KvAwarePolicy, make_policy
+from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg
 from xpyd_router.proxy import ProxyConfig
 from xpyd_router.server import GuardedSite, make_runner
@@ -54,9 +55,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-chars", type=int, default=DEFAULT_BLOCK_CHARS, help="prefix block size in bytes")
     p.add_argument("--chars-per-token", type=float, default=4.0, help="to size each worker's prefix LRU")
     p.add_argument(
-        "--tokenizer", default="none", metavar="none|emulator|PATH",
+        "--tokenizer", default="none", metavar="none|emulator|PATH|hf:REPO[@REV]",
         help="the engines' tokenizer, so prefix keys are their KV blocks and their KV events can feed the index: "
-        "'emulator' for xpyd emulate, a tokenizer.json path for a real model, 'none' for byte blocks",
+        "'emulator' for xpyd emulate; for a real model a tokenizer.json, a directory with it (and "
+        "tokenizer_config.json, chat_template.jinja), or hf:ORG/NAME[@REVISION] fetched from the Hugging Face Hub "
+        "at start-up (HF_ENDPOINT, HF_TOKEN, HF_HOME; on failure one warning and byte blocks); 'none': byte blocks",
+    )  # fmt: skip
+    p.add_argument(
+        "--chat-template", metavar="FILE",
+        help="the Jinja chat template the engines were given (vLLM's --chat-template), instead of the model's",
     )  # fmt: skip
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine KV block (with --tokenizer)")
     p.add_argument(
@@ -154,7 +161,9 @@ def validate(args: argparse.Namespace) -> str | None:
         if port is not None and not 0 <= port < 65536:
             return f"{flag} must be 0-65535, got {port}"
     if args.kv_events_port and args.tokenizer == "none":
-        return "--kv-events-port needs --tokenizer (emulator or a tokenizer.json): events name blocks by token ids"
+        return "--kv-events-port needs --tokenizer (emulator, PATH or hf:REPO): events name blocks by token ids"
+    if args.chat_template is not None and args.tokenizer in ("none", "emulator"):
+        return "--chat-template needs --tokenizer PATH or hf:REPO: it renders chat prompts for a model's tokenizer"
     if args.upstream_timeout is not None:
         args.first_byte_timeout = args.idle_timeout = args.upstream_timeout
     for stem in TIMEOUTS:
@@ -178,17 +187,21 @@ def validate(args: argparse.Namespace) -> str | None:
 async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
     policy = make_policy(args.policy)
     keys = RequestKeys(getattr(args, "tokenizer_impl", None), args.block_size, args.block_chars, args.chars_per_token)
-    if isinstance(policy, KvAwarePolicy):
-        chars_per_block = keys.tokens_per_block * args.chars_per_token
-        policy.config = policy.config.for_blocks(keys.tokens_per_block)  # knobs counted in this block size
-        policy.config.direct_below_blocks = max(0, math.ceil(args.direct_below_chars / chars_per_block))
+
+    def tune(_: int = 0) -> None:
+        if isinstance(policy, KvAwarePolicy):
+            chars_per_block = keys.tokens_per_block * args.chars_per_token
+            policy.config = KvAwareConfig().for_blocks(keys.tokens_per_block)  # knobs counted in this block size
+            policy.config.direct_below_blocks = max(0, math.ceil(args.direct_below_chars / chars_per_block))
+
+    tune()
     pool = WorkerPool(policy, args.block_chars, args.chars_per_token, keys)
     pool.set_workers(specs)
     background: list[Background] = []
     if keys.engine_aligned:  # engine KV events name blocks by token ids: usable only with the tokenizer
         from xpyd_router.kv_events import KvEventHub
 
-        background.append(KvEventHub(pool, args.kv_events_topic).run)
+        background.append(KvEventHub(pool, args.kv_events_topic, retune=tune).run)
     share = None
     if args.peers or args.deployment:  # in a cluster the other replicas come from the pod watch
         from xpyd_router.loadshare import LoadShare
@@ -205,6 +218,7 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
         background.append(discover)
     metrics = RouterMetrics(args.deployment or "standalone")
+    metrics.tokenizer(args.tokenizer, keys.engine_aligned)
     config = ProxyConfig(
         engine=args.engine,
         max_attempts=args.max_attempts,
@@ -252,17 +266,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:
             raise UsageError(problem)
         specs = static_workers(args)
-        args.tokenizer_impl = make_tokenizer(args.tokenizer)
+        template = read_chat_template(args.chat_template)
+        hub = is_hub_spec(args.tokenizer)
+        if hub:  # a malformed hf: spec is a command-line error; a failed fetch is not
+            from xpyd_router.hub_files import parse_spec
+
+            parse_spec(args.tokenizer)
+        args.tokenizer_impl = None if hub else make_tokenizer(args.tokenizer, template, args.engine)
         args.api_key = load_api_key(args.api_key_file)
     except (UsageError, ValueError) as exc:
         return usage_error(exc)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if hub:  # after logging is set up: a failure is one warning, and the router routes without a tokenizer
+        args.tokenizer_impl = load_hub_tokenizer(args.tokenizer, template, args.engine)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve(args, specs))
     except UsageError as exc:
         return usage_error(exc)
     return 0
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """--chat-template FILE's text (ValueError, one line, if it cannot be read)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read --chat-template {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ValueError(f"cannot read --chat-template {path}: not UTF-8 text") from None
 
 
 def usage_error(exc: Exception) -> int:

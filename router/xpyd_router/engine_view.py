@@ -5,11 +5,13 @@ tokens differently) and reports the block's token ids and its parent's hash; the
 block from its parent's key and depth and the tokens (`block_keys.token_block_keys`), the key a
 request with those tokens computes, and remembers hash -> key to apply the engine's removals.
 A block whose parent the view never saw (events lost beyond the replay buffer) cannot be keyed
-and is skipped, as is a block of another size than the router's.
+and is skipped, as is a block of another size than the router's (the router adopts the engines'
+size from the first block any of them reports, before it keyed any: `KvEventHub.adopt`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,10 +39,14 @@ class ViewStats:
 class EngineView:
     """What one worker's engine holds, as its events say, kept in the shared prefix index."""
 
-    def __init__(self, worker: str, index: PrefixIndex, block_size: int) -> None:
+    def __init__(
+        self, worker: str, index: PrefixIndex, block_size: int, adopt: Callable[[int], bool] | None = None
+    ) -> None:
         self.worker = worker
         self.index = index
         self.block_size = block_size
+        # Called with an engine's block size that is not the router's: True if the router now keys by it.
+        self.adopt = adopt
         self.blocks: dict[int, int] = {}  # engine hash -> router key | depth << 64
         self.stats = ViewStats()
 
@@ -65,6 +71,8 @@ class EngineView:
         self.stats.resets += 1
 
     def _stored(self, event: Stored) -> None:
+        if event.block_size != self.block_size and self.adopt is not None:
+            self.adopt(event.block_size)
         size, n = self.block_size, len(event.hashes)
         if event.block_size != size or len(event.tokens) != n * size:
             self.stats.mismatched += n

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from xpyd_router.block_keys import MAX_BLOCK_SIZE
 from xpyd_router.engine_view import EngineView
 from xpyd_router.kv_wire import WireError, decode_batch
 from xpyd_router.pool import WorkerPool
@@ -113,10 +114,40 @@ class Subscription:
 class KvEventHub:
     """Keeps one subscription per worker whose pod (or flags) names a KV events endpoint."""
 
-    def __init__(self, pool: WorkerPool, topic: str = "", replay_timeout: float = REPLAY_TIMEOUT) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        topic: str = "",
+        replay_timeout: float = REPLAY_TIMEOUT,
+        retune: Callable[[int], None] | None = None,
+    ) -> None:
         self.pool, self.topic, self.replay_timeout = pool, topic, replay_timeout
+        self.retune = retune  # re-derives what counts in blocks (the policy's knobs) for a new block size
         self.ctx = zmq.asyncio.Context()
         self.subs: dict[str, tuple[tuple[str, str], Subscription, asyncio.Task[None]]] = {}
+        self.views: dict[str, EngineView] = {}
+
+    def adopt(self, block_size: int) -> bool:
+        """An engine reports blocks of another size than the router keys by (vLLM picks 64 or 128 for
+        MLA models on its own, SGLang's page size is its flag): key by the engines' size from now on,
+        if no engine block was keyed yet (one size per router: a later, different one stays unmatched
+        and counts in its view's `mismatched`). What was modelled under the old size is dropped."""
+        if block_size == self.pool.keys.block_size or not 0 < block_size <= MAX_BLOCK_SIZE:
+            return False
+        if any(view.stats.stored for view in self.views.values()):
+            return False
+        log.warning(
+            "engines report %d-token KV blocks, the router keyed %d: keying by %d from now on",
+            block_size, self.pool.keys.block_size, block_size,
+        )  # fmt: skip
+        self.pool.keys.set_block_size(block_size)
+        for view in self.views.values():
+            view.block_size = block_size
+        for name in self.pool.index.workers:
+            self.pool.index.clear(name)
+        if self.retune is not None:
+            self.retune(block_size)
+        return True
 
     def sync(self) -> None:
         """Subscribe to new workers, drop gone ones, restart a subscription that failed."""
@@ -128,11 +159,12 @@ class KvEventHub:
             if wanted.get(name) != endpoints or task.done():
                 task.cancel()
                 del self.subs[name]
+                self.views.pop(name, None)
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     log.warning("%s: KV event subscription failed: %r", name, task.exception())
         for name, endpoints in wanted.items():
             if name not in self.subs:
-                view = EngineView(name, self.pool.index, self.pool.keys.block_size)
+                view = self.views[name] = EngineView(name, self.pool.index, self.pool.keys.block_size, self.adopt)
                 if name in self.pool.index.fed:  # a new subscription rebuilds what the old one knew
                     view.reset()
                 active = functools.partial(operator.contains, self.pool.workers, name)

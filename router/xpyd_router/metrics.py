@@ -75,6 +75,12 @@ class RouterMetrics:
         self.inflight = Gauge(
             names.ROUTER_INFLIGHT, "Client requests in flight.", ["deployment"], registry=r,
         )  # fmt: skip
+        self.tokenizer_loaded = Gauge(
+            names.ROUTER_TOKENIZER_LOADED,
+            "1 when prompts are keyed by the engines' tokens (their KV events usable), 0 when by bytes; "
+            "label tokenizer: the --tokenizer asked for.",
+            ["deployment", "tokenizer"], registry=r,
+        )  # fmt: skip
         self._hits = self._flushed_hits = 0
         self._blocks = self._flushed_blocks = 0
         # Bound children by label values: labels() costs microseconds on every request otherwise.
@@ -156,6 +162,10 @@ class RouterMetrics:
         if child is None:
             child = self._handoffs[path] = self.handoffs.labels(self.deployment, path)
         return child
+
+    def tokenizer(self, spec: str, loaded: bool) -> None:
+        """Whether the --tokenizer asked for (`spec`) is in use: an hf: one that could not be fetched is 0."""
+        self.tokenizer_loaded.labels(self.deployment, spec).set(1 if loaded else 0)
 
     def error(self, kind: str) -> None:
         self.errors.labels(self.deployment, kind).inc()

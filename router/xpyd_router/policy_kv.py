@@ -2,7 +2,9 @@
 
 Prefill (or the one hop of a co-located pool) goes to the first worker, in an order every router
 replica computes alike, that is within its bounds: workers holding a longer cached prefix of the
-prompt first, then by rendezvous weight of the request's affinity key (its leading blocks). The
+prompt first; among equals the one holding the fewest blocks (its cache evicts least; only where the
+replicas share the picture: one router, or engine events), then by rendezvous weight of the
+request's affinity key (its leading blocks). The
 bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight
 uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
 `stick_factor` replaces `load_factor` for a worker whose lead over the runner-up is `stick_blocks`
@@ -45,7 +47,6 @@ class KvAwareConfig:
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
-    recent_blocks: int = 256  # per worker: the blocks routed there lately, a guess until its KV events tell
     kv_weight: float = 4.0  # decode score = load + kv_weight x KV usage
     domain_slack: float = 2.0  # accept a same-domain decode worker up to this much busier
 
@@ -58,7 +59,6 @@ class KvAwareConfig:
             direct_below_blocks=max(1, round(self.direct_below_blocks * ratio)) if self.direct_below_blocks else 0,
             stick_blocks=max(1, round(self.stick_blocks * ratio)),
             work_slack=self.work_slack * ratio,
-            recent_blocks=max(1, round(self.recent_blocks * ratio)),
         )
 
 
@@ -68,37 +68,22 @@ class KvAwarePolicy(BasePolicy):
     def __init__(self, config: KvAwareConfig | None = None) -> None:
         self.config = config or KvAwareConfig()
         self.replicas = 1  # router replicas routing to the same workers (this one included); set by discovery
-        # With event-fed workers the index learns a prompt's blocks only once they are computed; what this
-        # replica sent since is kept here, in a small LRU per worker, so a burst on one prefix follows it.
-        self.recent = PrefixIndex()
-
-    def _matches(self, req: RouteRequest, index: PrefixIndex) -> dict[str, int]:
-        if not req.blocks:
-            return {}
-        found = index.match(req.blocks)
-        if index.fed:
-            for name, hit in self.recent.match(req.blocks).items():
-                if hit > found.get(name, 0):
-                    found[name] = hit
-        return found
-
-    def _sent(self, name: str, req: RouteRequest, index: PrefixIndex) -> None:
-        if req.blocks and name in index.fed:
-            if self.recent.blocks_of(name) == 0:
-                self.recent.set_capacity(name, self.config.recent_blocks)
-            self.recent.record(name, req.blocks)
 
     def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        decision = self._prefill(req, workers, self._matches(req, index), self._shared(index))
-        self._sent(decision.worker, req, index)
-        return decision
+        matches = index.match(req.blocks) if req.blocks else {}
+        return self._prefill(req, workers, matches, self._shared(index), index)
 
     def _shared(self, index: PrefixIndex) -> bool:
         """Whether every replica sees this index alike: one replica, or caches told by the engines' events."""
         return self.replicas <= 1 or bool(index.fed)
 
     def _prefill(
-        self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int], sticky: bool
+        self,
+        req: RouteRequest,
+        workers: Sequence[WorkerState],
+        matches: Mapping[str, int],
+        sticky: bool,
+        index: PrefixIndex,
     ) -> Decision:
         if not workers:
             raise NoWorker("prefill")
@@ -113,26 +98,40 @@ class KvAwarePolicy(BasePolicy):
         for w in workers:
             load += w.load
             work += w.work
-        ranked = sorted(((matches.get(w.name, 0), weight(key, w.name), i) for i, w in enumerate(workers)), reverse=True)
+        # Equal prefixes: the emptiest cache first (it evicts least), where the replicas see the same
+        # caches; then the rendezvous order.
+        ranked = sorted(
+            (
+                (matches.get(w.name, 0), -index.blocks_of(w.name) if sticky else 0, weight(key, w.name), i)
+                for i, w in enumerate(workers)
+            ),
+            reverse=True,
+        )
         # the request itself counts, so an idle pool still has room for it on each worker
         mean_load, mean_work = (load + 1.0) / n, (work + size - ranked[0][0]) / n
         factor = cfg.load_factor
         lead = ranked[0][0] - ranked[1][0]
         if sticky and lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds it
             factor = cfg.stick_factor
-        for i, (hit, _, at) in enumerate(ranked):
+        spill = None
+        for i, (hit, _, _, at) in enumerate(ranked):
             w = workers[at]
             if (
                 w.load < factor * mean_load + cfg.load_slack
                 and w.work + size - hit <= factor * mean_work + cfg.work_slack
             ):
-                if i:
-                    return Decision(w.name, "spill", hit)
-                return Decision(w.name, "prefix" if hit else "affinity", hit)
+                if not i:
+                    return Decision(w.name, "prefix" if hit else "affinity", hit)
+                cost = w.work + size - hit
+                if spill is None or cost < spill[0]:
+                    spill = (cost, w.name, hit)
             factor = cfg.load_factor
-        least = min(w.load for w in workers)  # every worker is over the bound: the least loaded one
-        name = tie_break(key, [w.name for w in workers if w.load == least])
-        return Decision(name, "load", matches.get(name, 0))
+        if spill is not None:
+            return Decision(spill[1], "spill", spill[2])
+        # every worker is over its bounds: of the least loaded (within the slack), the one caching most
+        least = min(w.load for w in workers) + cfg.load_slack
+        hit, _, _, at = next(r for r in ranked if workers[r[3]].load <= least)
+        return Decision(workers[at].name, "load", hit)
 
     def choose_decode(
         self,
@@ -183,20 +182,17 @@ class KvAwarePolicy(BasePolicy):
     ) -> Plan:
         if not decode_workers:
             raise NoWorker("decode" if prefill_workers else "worker")
-        matches = self._matches(req, index)
+        matches = index.match(req.blocks) if req.blocks else {}
         sticky = self._shared(index)
         prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
         if not prefill_workers:
-            plan = Plan(decode=self._prefill(req, decode_workers, matches, sticky))
-            self._sent(plan.decode.worker, req, index)
-            return plan
+            return Plan(decode=self._prefill(req, decode_workers, matches, sticky, index))
         total, threshold = len(req.blocks), self.config.direct_below_blocks
         if total - max(matches.values(), default=0) < threshold:  # else no decode worker can be close enough
             direct = self._direct(req, decode_workers, matches)
             if direct is not None:
                 return Plan(decode=direct)
-        first = self._prefill(req, prefill_workers, matches, sticky)
-        self._sent(first.worker, req, index)
+        first = self._prefill(req, prefill_workers, matches, sticky, index)
         prefill = find(prefill_workers, first.worker)
         second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)
         return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))

@@ -12,7 +12,6 @@ from aiohttp import web
 
 from xpyd_api import labels
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
-from xpyd_router.block_keys import prompt_ids
 from xpyd_router.hashing import affinity_key
 from xpyd_router.hops import JSON, Exchange, HopFailed, Hops, error_response
 from xpyd_router.metrics import RouterMetrics
@@ -112,7 +111,7 @@ class Proxy:
         except TimeoutError:
             message = f"request body not received within {self.config.body_timeout:g}s"
             return self._bad_request(request, 408, message, None)
-        blocks = self.pool.keys(text, prompt_ids(body) if self.pool.keys.engine_aligned else None)
+        blocks = self.pool.keys.for_request(body, text, chat)
         req = RouteRequest(blocks, affinity_key(blocks, text), len(text))
         ex = Exchange(request)
         try:

@@ -23,10 +23,10 @@ INDEX_MODES: tuple[IndexMode, ...] = ("own", "events", "events+own")
 class EventFedIndex(PrefixIndex):
     """A router replica's prefix index kept by engine KV events.
 
-    `events`: the workers are event-fed (the live router's mode): the routing path's own `record`
-    calls are dropped, so the index holds only what the workers report and every replica agrees.
-    `events+own`: each replica also records its own decisions at once, a guess the events confirm
-    or correct.
+    Either way the routing path records its own decisions at once, a guess the events confirm or
+    correct (removals drop what the worker evicted). `events`: the workers count as event-fed (the
+    live router's mode): every replica sees the same caches, so the policy lets prefixes stick with
+    several replicas. `events+own`: the same index treated as a replica's private one.
     """
 
     def __init__(self, own: bool) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fakekube import CLIQUE_A, OWNER, spec  # type: ignore[import-not-found]
+from pydantic import ValidationError
 
 from xpyd_api import labels as L
 from xpyd_operator import engine, pools, routerkit
@@ -295,7 +296,7 @@ def test_router_objects(router: dict[str, Any], image: str) -> None:
     assert c["image"] == image
     assert c["command"] == [
         "xpyd", "router", "--deployment", "llama", "--namespace", "ns1", "--host", "$(POD_IP)", "--port", "8000",
-        "--policy", "kv-aware", "--engine", "vllm",
+        "--policy", "kv-aware", "--engine", "vllm", "--tokenizer", f"hf:{M70}",
     ]  # fmt: skip
     assert _env(c)[L.ENV_ROUTER_POLICY] == "kv-aware"
     assert dep["spec"]["replicas"] == s.router.replicas
@@ -313,8 +314,8 @@ def test_router_objects(router: dict[str, Any], image: str) -> None:
     [
         ({}, None),
         (
-            {"apiKeySecret": {"name": "router-key", "key": "token"}},
-            {"name": "XPYD_ROUTER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "router-key", "key": "token"}}},
+            {"apiKeySecret": {"name": "router-key", "key": "s3cr3t-key"}},
+            {"name": "XPYD_ROUTER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "router-key", "key": "s3cr3t-key"}}},
         ),
     ],
 )
@@ -322,7 +323,7 @@ def test_router_api_key_comes_from_the_secret(router: dict[str, Any], env: dict[
     c = routerkit.deployment(OWNER, spec(router=router), IMG)["spec"]["template"]["spec"]["containers"][0]
     found = [e for e in c["env"] if e["name"] == L.ENV_ROUTER_API_KEY]
     assert found == ([env] if env else [])
-    assert "token" not in json.dumps(c["command"])  # never a literal on the command line
+    assert "s3cr3t" not in json.dumps(c["command"])  # never a literal on the command line
 
 
 @pytest.mark.parametrize(
@@ -382,7 +383,31 @@ def test_hash_is_stable_and_changes_with_content() -> None:
     assert manifest_hash(a) != manifest_hash(c)
 
 
-@pytest.mark.parametrize(("kind", "extra"), [("vllm", []), ("sglang", []), ("emulator", ["--tokenizer", "emulator"])])
-def test_router_keys_prefixes_by_the_emulator_tokens_only_for_the_emulator(kind: str, extra: list[str]) -> None:
-    c = routerkit.deployment(OWNER, spec(engine={"kind": kind}), IMG)["spec"]["template"]["spec"]["containers"][0]
+@pytest.mark.parametrize(
+    ("engine", "model", "router", "extra", "env"),
+    [
+        ({"kind": "emulator"}, {}, {}, ["--tokenizer", "emulator"], []),
+        ({"kind": "vllm"}, {}, {}, ["--tokenizer", f"hf:{M70}"], ["HF_HOME"]),
+        ({"kind": "sglang"}, {"tokenSecret": {"name": "hf", "key": "token"}}, {}, ["--tokenizer", f"hf:{M70}"],
+         ["HF_HOME", "HF_TOKEN"]),
+        ({"kind": "vllm", "env": [{"name": "HF_ENDPOINT", "value": "http://mirror"}, {"name": "OTHER", "value": "x"}]},
+         {}, {"tokenizer": "hf:org/tok@v2"}, ["--tokenizer", "hf:org/tok@v2"], ["HF_HOME", "HF_ENDPOINT"]),
+        ({"kind": "vllm"}, {"name": "/models/llama"}, {}, [], []),  # served from a volume the router lacks
+        ({"kind": "vllm"}, {}, {"tokenizer": "/opt/tok"}, ["--tokenizer", "/opt/tok"], []),
+        ({"kind": "emulator"}, {}, {"tokenizer": "none"}, [], []),
+    ],
+)  # fmt: skip
+def test_router_tokenizer_follows_the_served_model(
+    engine: dict[str, Any], model: dict[str, Any], router: dict[str, Any], extra: list[str], env: list[str]
+) -> None:
+    d = spec(engine=engine, model={"name": M70, **model}, router=router)
+    c = routerkit.deployment(OWNER, d, IMG)["spec"]["template"]["spec"]["containers"][0]
     assert c["command"][c["command"].index("--engine") + 2 :] == extra
+    hub = [e["name"] for e in c["env"] if e["name"].startswith("HF_")]
+    assert hub == env
+
+
+@pytest.mark.parametrize("bad", ["hf:", "hf:a b", "relative/path", "Auto", "hf:org/name@", "x" * 301])
+def test_router_tokenizer_rejects_what_the_router_cannot_load(bad: str) -> None:
+    with pytest.raises(ValidationError, match="tokenizer"):
+        spec(router={"tokenizer": bad})

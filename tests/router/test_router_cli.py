@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from chat_models import model_dir  # type: ignore[import-not-found]  # tests/router is on sys.path
 
 from xpyd_router.cli import main, parser, static_workers
 
@@ -44,6 +47,15 @@ XPYD = str(Path(sys.executable).with_name("xpyd"))
         (["--decode", U, "--block-size", "0"], "--block-size must be 1-1024 tokens"),
         (["--decode", U, "--peers", U, "--peer-sync", "0"], "--peer-sync must be a positive number"),
         (["--decode", U, "--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json"),
+        (["--decode", U, "--tokenizer", "hf:"], "--tokenizer hf:: want hf:ORG/NAME[@REVISION]"),
+        (["--decode", U, "--tokenizer", "hf:a/b/c"], "--tokenizer hf:a/b/c: want hf:ORG/NAME[@REVISION]"),
+        (["--decode", U, "--tokenizer", "hf:org/m@x y"], "the revision after '@' must be"),
+        (["--decode", U, "--chat-template", "t.jinja"], "--chat-template needs --tokenizer PATH or hf:REPO"),
+        (["--decode", U, "--tokenizer", "emulator", "--chat-template", "t.jinja"], "--chat-template needs"),
+        (
+            ["--decode", U, "--tokenizer", "hf:org/m", "--chat-template", "/nonexistent/t.jinja"],
+            "cannot read --chat-template /nonexistent/t.jinja: No such file or directory",
+        ),
     ],
 )
 def test_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,3 +110,45 @@ def test_static_workers_subscribe_to_kv_events_on_their_own_host(flags: list[str
     args = parser().parse_args(["--worker", U, "--tokenizer", "emulator", *flags])
     [spec] = static_workers(args)
     assert (spec.kv_events, spec.kv_replay) == (events, replay)
+
+
+@pytest.mark.parametrize(
+    ("setup", "flags", "message"),
+    [
+        ("empty-dir", [], "no tokenizer.json in"),
+        ("model", ["--chat-template", "{template}"], "the chat template does not compile"),
+        ("bad-config", [], "tokenizer_config.json is not a JSON object"),
+    ],
+)
+def test_bad_local_tokenizers(
+    tmp_path: Path, setup: str, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    if setup != "empty-dir":
+        model_dir(model, "qwen2.5-instruct")
+    else:
+        model.mkdir()
+    if setup == "bad-config":
+        (model / "tokenizer_config.json").write_text("[]")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for %}")
+    argv = ["--decode", U, "--tokenizer", str(model), *(f.format(template=template) for f in flags)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("xpyd router: ")
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_hub_is_one_warning_line_then_routing_goes_on(tmp_path: Path) -> None:
+    """The fetch fails (nothing listens at HF_ENDPOINT): one warning, and the router carries on to listen."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path))
+    argv = [XPYD, "router", "--decode", U, "--tokenizer", "hf:org/m", "--host", "256.0.0.1", "--port", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=50, check=False, env=env)
+    warning, refused = done.stderr.splitlines()
+    assert "WARNING xpyd_router --tokenizer hf:org/m: cannot fetch tokenizer.json (cannot reach 127.0.0.1:" in warning
+    assert warning.endswith("routing without a tokenizer (byte-block prefix keys, engine KV events unused)")
+    assert refused.startswith("xpyd router: cannot listen on 256.0.0.1:1") and done.returncode == 2

@@ -144,21 +144,21 @@ def test_blocks_the_view_cannot_key_are_skipped_and_counted() -> None:
     assert view.stats.removed == 0
 
 
-def test_an_event_fed_worker_ignores_the_routers_own_guesses() -> None:
+def test_an_event_fed_worker_keeps_the_routers_guesses_until_its_events_settle_them() -> None:
     index = PrefixIndex()
     index.record("w", [1, 2, 3])  # modelled: what the router routed there
     assert index.blocks_of("w") == 3
-    EngineView("w", index, 16).apply([])  # its engine publishes: only its events count from now on
+    view = EngineView("w", index, 16)
+    view.apply([])  # its engine publishes: what was modelled before goes
     assert index.blocks_of("w") == 0
-    index.record("w", [1, 2, 3])
-    assert index.blocks_of("w") == 0
+    index.record("w", [1, 2, 3])  # routed there, not computed yet: a guess until the events tell
+    assert index.match([1, 2, 3]) == {"w": 3}
+    index.discard("w", [2, 3])  # the engine evicted them (its BlockRemoved, through the view's keys)
+    assert index.match([1, 2, 3]) == {"w": 1}
 
 
-@pytest.mark.parametrize(
-    ("fed", "stored", "held"),
-    [(False, 6, 4), (True, 6, 6), (True, 9, 8)],  # the engine says what it evicts; 2x capacity bounds lost removals
-)
-def test_capacity_bounds_a_modelled_worker_and_only_loosely_an_event_fed_one(fed: bool, stored: int, held: int) -> None:
+@pytest.mark.parametrize(("fed", "stored", "held"), [(False, 6, 4), (True, 6, 4), (True, 3, 3)])
+def test_capacity_bounds_a_worker_fed_or_modelled(fed: bool, stored: int, held: int) -> None:
     index = PrefixIndex()
     index.set_capacity("w", 4)
     index.set_fed("w", fed)
@@ -299,3 +299,28 @@ async def test_the_hub_follows_the_pool_and_feeds_routing() -> None:
             await job
         for publisher in publishers.values():
             publisher.shutdown()
+
+
+@pytest.mark.parametrize(("first", "adopted"), [(64, True), (16, False)])
+def test_the_router_adopts_the_engines_block_size_before_it_keyed_any_block(first: int, adopted: bool) -> None:
+    from xpyd_router.policies import KvAwarePolicy
+    from xpyd_router.pool import WorkerPool, WorkerSpec
+
+    keys = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
+    pool = WorkerPool(KvAwarePolicy(), 256, 4.0, keys)
+    pool.set_workers([WorkerSpec("a", "worker"), WorkerSpec("b", "worker")])
+    pool.index.record("a", [1, 2, 3])  # a guess keyed under the old size
+    sizes: list[int] = []
+    hub = KvEventHub(pool, retune=sizes.append)
+    try:
+        a = hub.views["a"] = EngineView("a", pool.index, 16, hub.adopt)
+        b = hub.views["b"] = EngineView("b", pool.index, 16, hub.adopt)
+        ids = [int(t) for t in token_ids(TEXT)]
+        a.apply([Stored([1, 2], None, ids[: 2 * first], first)])  # vLLM chose 64-token blocks for this model
+        assert keys.block_size == (64 if adopted else 16)
+        assert sizes == ([64] if adopted else [])
+        assert pool.index.match(keys(TEXT)) == {"a": 2}
+        b.apply([Stored([9], None, ids[:32], 32)])  # another size once one was keyed: counted, not adopted
+        assert (b.stats.mismatched, keys.block_size, b.block_size) == (1, a.block_size, a.block_size)
+    finally:
+        hub.ctx.destroy(linger=0)

