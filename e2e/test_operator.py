@@ -110,6 +110,8 @@ def test_spill_across_racks_says_so(dd: Any, op_kube: Kube, op_namespace: str) -
         ({"mode": "Colocated", "worker": {"replicas": 1}, "prefill": None}, "spec.decode", "Colocated"),
         ({"engine": {"kind": "tensorrt"}}, "spec.engine.kind", "Unsupported value"),
         ({"decode": {"replicas": -1}}, "spec.decode.replicas", "greater than or equal to 0"),
+        ({"router": {"tokenizer": "hf:org/a..b"}}, "spec.router.tokenizer", "may not contain '..'"),
+        ({"router": {"tokenizer": "hf:org/name@"}}, "spec.router.tokenizer", "should match"),
     ],
 )  # fmt: skip
 def test_invalid_objects_are_rejected_naming_the_field(

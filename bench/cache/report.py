@@ -46,7 +46,7 @@ def suite_md(res: dict[str, Any], header: str) -> str:
             name = f"**{r['label']}**" if r["label"] == XPYD else r["label"]
             out.append(
                 f"| {e['scenario']} | {name} | {_pct(r['prefix_hit_ratio'])} | {_s(r['ttft_p50_s'])} | "
-                f"{_s(r['ttft_p99_s'])} | {_pct(r['slo_attainment'])} | {r['imbalance'] or '-'} |"
+                f"{_s(r['ttft_p99_s'])} | {_pct(r['slo_attainment'])} | {_ratio(r['imbalance'])} |"
             )
         met_hit += e["hit_ok"]
         met_p99 += e["p99_ok"]
@@ -168,6 +168,10 @@ def live_md(res: dict[str, Any], header: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _ratio(v: float | None) -> str:
+    return f"{v:.3f}" if v else "-"
+
+
 def _seeds(entry: dict[str, Any], key: str) -> str:
     runs = entry.get("seeds", [])
     return f"{sum(r[key] for r in runs)}/{len(runs)}" if runs else "-"
@@ -183,15 +187,19 @@ NOTES = {
     "mooncake-conv-small": "sglang-router cache_aware's higher hit ratio comes with an imbalance: it sends"
     " 3.7x as many prompt tokens to one of the two prefill workers as to the other (simulator counters),"
     " so the quieter worker's cache keeps a longer window of the trace and hits more (10% there, 5% on"
-    " the busy one). The per-request trace puts each of xpyd's prefill choices on the worker with the"
-    " longest cached prefix its index knows (no cached block lost to a spill); matching the peer would"
-    " take the same overload, which costs the peer TTFT p99 21 s and 47% SLO attainment against xpyd's"
-    " 4.4 s and 94%.",
-    "rag-large": "the gap is under a tenth of a point: about 40 of the 6,600 requests, each way, found their"
-    " lead document on the worker one router had sent it to and not the other, with no pattern to them"
-    " (per-request traces). Spills no longer lose cached blocks (a document lead of a fifth of the prompt"
-    " now sticks; before, they cost 1.2 points); what differs is where a cold document first lands: the"
-    " peer puts it on the worker with the smallest tree, xpyd on the rendezvous home of the request's"
-    " leading blocks.",
-    "rag-small": "the gap is under a tenth of a point; see rag-large.",
+    " the busy one). Matching it would take the same overload, which costs the peer TTFT p99 21 s and"
+    " 47% SLO attainment against xpyd's 4.4 s and 94%.",
+    "rag-large": "a tenth of a point or less on the mean, inside the spread between seeds (xpyd ahead on"
+    " seed 1, behind on 0 and 2), with a lower TTFT p99 on every seed. The peer follows the longest match"
+    " whenever it covers 30% of the prompt (the instruction and the lead document: 33%) and otherwise its"
+    " smallest tree, whatever the load short of 64 requests of imbalance; xpyd holds a popular document"
+    " on several workers and moves a request off a busier one (seed 0: 1,515 of 6,556 spilled, each to"
+    " the worker with the least prefill work ahead, sometimes one without the document). That trade"
+    " buys the p99 (0.50 s vs 0.62 s) for a tenth of a point of hits.",
+    "rag-small": "see rag-large: 0.1 point on the mean, each seed within 0.2.",
+    "agent-large": "0.03 point and 2 ms of TTFT p99 on the mean (xpyd ahead or even on seeds 0 and 1):"
+    " with caches 2.3x the working set both keep nearly every session. The peer never balances at this"
+    " load (its rule waits for 64 requests of difference), so each tool prefix stays where it was first"
+    " computed; xpyd's bounds moved sessions 0, 8 and 64 times (seeds 0, 1, 2; of 3,300-4,100"
+    " requests), and each move recomputes a 6k-token tool prefix.",
 }

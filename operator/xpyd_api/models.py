@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -35,8 +36,18 @@ ANY_TOPOLOGY: Final = "Any"  # pins nothing: no hardware to model or to select n
 Mode = Literal["Disaggregated", "Colocated"]
 RouterPolicy = Literal["kv-aware", "least-loaded", "round-robin"]
 AUTO_TOKENIZER: Final = "auto"
-# auto | none | hf:owner/name[@revision] | an absolute path in the router image
-TOKENIZER_PATTERN: Final = r"^(auto|none|hf:[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)?(@[A-Za-z0-9._/-]+)?|/[^\s]*)$"
+# auto | none | hf:owner/name[@revision] (the router's grammar for a Hub repository) | an absolute path
+TOKENIZER_PATTERN: Final = (
+    r"^(auto|none|hf:[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?(@[A-Za-z0-9._/-]{1,255})?"
+    r"|/[^\s]*)$"
+)
+
+
+def usable_tokenizer(value: str) -> bool:
+    """Whether the router accepts this --tokenizer (the CRD's pattern and its rule against '..')."""
+    return re.fullmatch(TOKENIZER_PATTERN, value) is not None and ".." not in value
+
+
 ConditionStatus = Literal["True", "False", "Unknown"]
 KvPath = Literal["NVLink", "RDMA", "Local", "Unknown"]
 
@@ -220,6 +231,7 @@ class RouterSpec(_Model):
         default=AUTO_TOKENIZER,
         max_length=300,
         pattern=TOKENIZER_PATTERN,
+        json_schema_extra=_cel([{"rule": "!self.contains('..')", "message": "router.tokenizer may not contain '..'"}]),
         description=(
             "How the router cuts prompts into the engines' KV blocks, so their KV-cache events feed its prefix "
             "index and every replica sees what each engine holds: 'auto' (the served model's tokenizer and chat "
@@ -229,6 +241,13 @@ class RouterSpec(_Model):
             "routes). A tokenizer that cannot be fetched leaves the router routing as with 'none'."
         ),
     )
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _no_parent_dirs(cls, value: str) -> str:
+        if ".." in value:
+            raise ValueError("router.tokenizer may not contain '..'")
+        return value
 
 
 class RatioBand(_Model):

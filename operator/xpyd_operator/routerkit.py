@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpyd_api import labels as L
-from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec
+from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec, usable_tokenizer
 from xpyd_operator import podsecurity
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
@@ -106,15 +106,17 @@ def api_key_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
 def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
     """The router's --tokenizer: the emulator's tokens, or the served model's tokenizer from the Hub.
 
-    A model served from a path (a volume on the engines) has no Hub repository the router could
-    fetch; name its tokenizer in spec.router.tokenizer (a path in the router image), else byte keys.
+    A model served from a path (a volume on the engines), or named so that it is no Hub repository,
+    has none the router could fetch; name its tokenizer in spec.router.tokenizer (a path in the
+    router image or another repository), else byte keys.
     """
     choice = spec.router.tokenizer
     if choice != AUTO_TOKENIZER:
         return choice
     if spec.engine.kind == "emulator":
         return "emulator"
-    return "none" if spec.model.name.startswith("/") else f"hf:{spec.model.name}"
+    hub = f"hf:{spec.model.name}"
+    return hub if usable_tokenizer(hub) else "none"
 
 
 def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:

@@ -393,6 +393,7 @@ def test_hash_is_stable_and_changes_with_content() -> None:
         ({"kind": "vllm", "env": [{"name": "HF_ENDPOINT", "value": "http://mirror"}, {"name": "OTHER", "value": "x"}]},
          {}, {"tokenizer": "hf:org/tok@v2"}, ["--tokenizer", "hf:org/tok@v2"], ["HF_HOME", "HF_ENDPOINT"]),
         ({"kind": "vllm"}, {"name": "/models/llama"}, {}, [], []),  # served from a volume the router lacks
+        ({"kind": "vllm"}, {"name": "org/a..b"}, {}, [], []),  # not a name the Hub has: byte keys, not a crash
         ({"kind": "vllm"}, {}, {"tokenizer": "/opt/tok"}, ["--tokenizer", "/opt/tok"], []),
         ({"kind": "emulator"}, {}, {"tokenizer": "none"}, [], []),
     ],
@@ -407,7 +408,9 @@ def test_router_tokenizer_follows_the_served_model(
     assert hub == env
 
 
-@pytest.mark.parametrize("bad", ["hf:", "hf:a b", "relative/path", "Auto", "hf:org/name@", "x" * 301])
+@pytest.mark.parametrize(
+    "bad", ["hf:", "hf:a b", "relative/path", "Auto", "hf:org/name@", "x" * 301, "hf:org/.x", "/opt/../etc", "hf:a/b/c"]
+)
 def test_router_tokenizer_rejects_what_the_router_cannot_load(bad: str) -> None:
     with pytest.raises(ValidationError, match="tokenizer"):
         spec(router={"tokenizer": bad})
