@@ -409,7 +409,7 @@ def test_router_tokenizer_follows_the_served_model(
 
 
 @pytest.mark.parametrize(
-    "bad", ["hf:", "hf:a b", "relative/path", "Auto", "hf:org/name@", "x" * 301, "hf:org/.x", "/opt/../etc", "hf:a/b/c"]
+    "bad", ["hf:", "hf:a b", "relative/path", "Auto", "hf:org/name@", "x" * 301, "hf:org/.x", "/opt/tok/..", "hf:a/b/c"]
 )
 def test_router_tokenizer_rejects_what_the_router_cannot_load(bad: str) -> None:
     with pytest.raises(ValidationError, match="tokenizer"):
