@@ -9,7 +9,9 @@ with it and the optional tokenizer_config.json and chat_template.jinja) or from 
 does (special tokens added unless the request says add_special_tokens: false); chat prompts are
 rendered with the model's chat template (`chat_template`) and tokenized without added special
 tokens, as vLLM and SGLang do, so their blocks are the engine's. A chat request the template cannot
-render, or a tokenizer without a template, is keyed by its ChatML text instead.
+render, or a tokenizer without a template, is keyed by its ChatML text instead. A rendered chat
+prompt is tokenized piece by piece between the tokenizer's added tokens, each piece's ids cached
+(`token_cache`): a multi-turn chat resends its history, and only its new messages are tokenized again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from xpyd_perf.emutokens import Ids as Ids
 from xpyd_perf.emutokens import token_ids
+from xpyd_router.token_cache import SegmentEncoder
 
 if TYPE_CHECKING:
     from xpyd_router.chat_template import ChatTemplate
@@ -78,6 +81,7 @@ class HfTokenizer:
         self.name = name or path
         self.add_special_tokens = add_special_tokens
         self.chat_template = chat_template
+        self.chat_segments = SegmentEncoder(self._tok, self.name)
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> Ids:
         special = self.add_special_tokens if add_special_tokens is None else add_special_tokens
@@ -87,9 +91,16 @@ class HfTokenizer:
         if not chat:  # vLLM's completions default: add_special_tokens true
             return self.encode(text, body.get("add_special_tokens") is not False)
         rendered = self.chat_template.try_render(body) if self.chat_template is not None else None
-        if rendered is not None:  # vLLM and SGLang: the template writes the special tokens, none are added
-            return self.encode(rendered, body.get("add_special_tokens") is True)
-        return self.encode(text)
+        if rendered is None:
+            return self.encode(text)
+        if body.get("add_special_tokens") is True:
+            return self.encode(rendered, True)
+        return self.encode_chat(rendered)  # vLLM and SGLang: the template writes the special tokens, none are added
+
+    def encode_chat(self, rendered: str) -> Ids:
+        """A rendered chat prompt's ids without added special tokens: encode(rendered, False), through
+        the segment cache where that is exact."""
+        return self.chat_segments.encode(rendered)
 
 
 def make_tokenizer(spec: str, chat_template: str | None = None, engine: str = "vllm") -> Tokenizer | None:
