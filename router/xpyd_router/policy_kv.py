@@ -9,8 +9,10 @@ bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`
 uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
 `stick_factor` replaces `load_factor` for a worker whose lead over the runner-up is `stick_blocks`
 or `stick_share` of the prompt (moving it would recompute that much). A prefix thus stays on one
-worker until that worker is really busier than the rest, then spills to the same next worker on
-every replica, instead of being spread over the pool by small load differences, which copies it
+worker until that worker is really busier than the rest, then spills to the worker within bounds
+with the least prefill work ahead of the request (its in-flight uncached blocks plus this request's
+uncached blocks there: a worker holding part of the prompt costs less), the same on every replica
+given the shared counts, instead of being spread over the pool by small load differences, which copies it
 into every cache and, with caches smaller than the working set, evicts what the other prefixes
 needed. Stickiness needs an index the replicas share: with KV events every replica sees the
 engines' caches, but a replica that knows only its own routes and has peers (`replicas` > 1) uses
