@@ -46,7 +46,7 @@ log = logging.getLogger("xpyd_router")
 ContentFormat = Literal["string", "openai"]
 Engine = Literal["vllm", "sglang"]
 
-MAX_MESSAGES = 4096  # longer conversations are keyed by their ChatML text: rendering 4096 takes up to ~70 ms
+MAX_MESSAGES = 1024  # longer conversations are keyed by their ChatML text: rendering 1024 takes up to ~20 ms
 # transformers' named special tokens, passed to the template as variables (those that are set).
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # apply_chat_template's own parameters: vLLM passes request chat_template_kwargs named like these or like

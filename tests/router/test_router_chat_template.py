@@ -429,3 +429,18 @@ async def test_a_request_the_template_refuses_is_still_proxied_untouched(
         status, _ = await call(r.url, body, path="/v1/chat/completions")
         assert status == 200
         assert stub.bodies[-1] == body  # the engine gets the client's request, the key is only the router's
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_only_the_first_max_key_chars_are_tokenized(model_dirs: dict[str, Path], chat: bool) -> None:
+    from xpyd_router.engine_tokens import MAX_KEY_CHARS
+
+    tok = _router_tokenizer(model_dirs, "qwen2.5-instruct")
+    huge = "lorem ipsum dolor " * (2 * MAX_KEY_CHARS // 18)  # twice the bound: a hostile 1 MiB prompt
+    body: Json = {"messages": [{"role": "user", "content": huge}]} if chat else {"prompt": huge}
+    text = parse_body(orjson.dumps(body), chat)[1]
+    ids = tok.prompt_ids(body, text, chat)
+    rendered = tok.chat_template.try_render(body) if chat and tok.chat_template is not None else None
+    whole = tok.encode(rendered if rendered is not None else text, not chat)
+    assert 0 < len(ids) < len(whole) * 0.6  # about half: the rest is never tokenized
+    assert list(ids[:-8]) == list(whole[: len(ids) - 8])  # the same tokens up to the cut
