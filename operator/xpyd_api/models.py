@@ -93,8 +93,7 @@ class EnvVar(_Model):
         """The container env entry."""
         if self.value_from is None:
             return {"name": self.name, "value": self.value}
-        ref = self.value_from.secret_key_ref
-        return {"name": self.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        return self.value_from.secret_key_ref.env(self.name)
 
 
 class LocalObjectReference(_Model):

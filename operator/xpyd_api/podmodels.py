@@ -18,6 +18,10 @@ class SecretKeySelector(ApiModel):
     name: str = Field(min_length=1, max_length=253, description="A Secret in the deployment's namespace.")
     key: str = Field(min_length=1, description="The key of the Secret's data to read.")
 
+    def env(self, name: str) -> dict[str, Any]:
+        """A container env entry `name` read from this Secret key (never a literal in the pod spec)."""
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": self.name, "key": self.key}}}
+
 
 class PersistentVolumeClaimSource(ApiModel):
     claim_name: str = Field(min_length=1, max_length=253, description="A PVC in the deployment's namespace.")

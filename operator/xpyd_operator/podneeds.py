@@ -92,8 +92,7 @@ def env_pairs(
     """The generated environment, in the order it is added."""
     out: list[dict[str, Any]] = []
     if spec.model.token_secret is not None:
-        ref = spec.model.token_secret
-        out.append({"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        out.append(spec.model.token_secret.env(HF_TOKEN))
     cache = _cache(spec)
     if cache is not None:
         out.append({"name": "HF_HOME", "value": cache[2]})

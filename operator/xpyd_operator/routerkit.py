@@ -99,8 +99,7 @@ def api_key_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
     ref = spec.router.api_key_secret
     if ref is None:
         return []
-    source = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
-    return [{"name": L.ENV_ROUTER_API_KEY, "valueFrom": source}]
+    return [ref.env(L.ENV_ROUTER_API_KEY)]
 
 
 def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
@@ -125,7 +124,7 @@ def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
         return []
     out: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HUB_CACHE}]
     if (ref := spec.model.token_secret) is not None:
-        out.append({"name": HF_TOKEN, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        out.append(ref.env(HF_TOKEN))
     for var in spec.engine.env:  # a mirror or offline switch the engines use applies to the router too
         if var.name in HUB_ENV:
             out.append(var.manifest())

@@ -74,7 +74,7 @@ class RequestKeys:
         """Whether keys are the engine's blocks (engine KV events can then feed the index)."""
         return self.tokenizer is not None
 
-    def __call__(self, text: str, prompt_ids: Sequence[int] | None = None) -> list[int]:
+    def __call__(self, text: str, prompt_ids: Sequence[int] | Ids | None = None) -> list[int]:
         if self.tokenizer is None:
             return block_hashes(text, self.block_chars)
         ids = np.asarray(prompt_ids, dtype=np.int64) if prompt_ids is not None else self.tokenizer.encode(text)
@@ -84,10 +84,7 @@ class RequestKeys:
         """A parsed request's keys. `text` (protocol.parse_body's) keys it without a tokenizer; with one,
         completion token ids are used as sent, and the rest is tokenized as the engine does it (chat:
         rendered with the model's chat template, falling back to `text` when that cannot be done)."""
-        tokenizer = self.tokenizer
-        if tokenizer is None:  # no rendering, no tokenizing
-            return block_hashes(text, self.block_chars)
+        if self.tokenizer is None:  # no rendering, no tokenizing
+            return self(text)
         ids = None if chat else prompt_ids(body)
-        if ids is not None:
-            return token_block_keys(np.asarray(ids, dtype=np.int64), self.block_size)
-        return token_block_keys(tokenizer.prompt_ids(body, text, chat), self.block_size)
+        return self(text, ids if ids is not None else self.tokenizer.prompt_ids(body, text, chat))

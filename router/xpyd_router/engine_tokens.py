@@ -26,14 +26,13 @@ import numpy as np
 
 from xpyd_perf.emutokens import Ids as Ids
 from xpyd_perf.emutokens import token_ids
+from xpyd_router import hub_files
 from xpyd_router.token_cache import SegmentEncoder
 
 if TYPE_CHECKING:
     from xpyd_router.chat_template import ChatTemplate
-    from xpyd_router.hub_files import HubOptions
 
 log = logging.getLogger("xpyd_router")
-HUB_PREFIX = "hf:"
 # Prompts are tokenized up to this many characters (about 128k tokens, the longest context engines
 # commonly serve): a bound on what one request's tokenizing costs the event loop (~0.15 s with a BPE
 # tokenizer, against ~10 s for a 32 MiB body); the last block before the cut may then miss.
@@ -115,7 +114,7 @@ def make_tokenizer(spec: str, chat_template: str | None = None, engine: str = "v
         return None
     if spec == "emulator":
         return EmulatorTokenizer()
-    if spec.startswith(HUB_PREFIX):
+    if is_hub_spec(spec):
         raise ValueError(f"--tokenizer {spec}: load it with load_hub_tokenizer")
     return load_local(Path(spec), chat_template, engine, name=spec)
 
@@ -186,16 +185,14 @@ def _template(source: object, config: Mapping[str, Any], engine: str, label: str
 
 
 def is_hub_spec(spec: str) -> bool:
-    return spec.startswith(HUB_PREFIX)
+    return spec.startswith(hub_files.PREFIX)
 
 
 def load_hub_tokenizer(
-    spec: str, chat_template: str | None = None, engine: str = "vllm", options: HubOptions | None = None
+    spec: str, chat_template: str | None = None, engine: str = "vllm", options: hub_files.HubOptions | None = None
 ) -> HfTokenizer | None:
     """`hf:REPO[@REVISION]`: fetch and load the tokenizer, or log one warning and return None (routing
     then goes on without a tokenizer, as with --tokenizer none). Never raises for the hub's sake."""
-    from xpyd_router import hub_files
-
     try:
         ref = hub_files.parse_spec(spec)
         fetched = hub_files.fetch(ref, options or hub_files.HubOptions.from_env())

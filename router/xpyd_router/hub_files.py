@@ -39,6 +39,7 @@ REQUIRED = "tokenizer.json"
 OPTIONAL = ("tokenizer_config.json", "chat_template.jinja")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 MAX_BYTES = 64 << 20
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "xpyd-hf"  # without HF_HOME
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _REVISION = re.compile(r"[A-Za-z0-9._/-]{1,255}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -73,7 +74,7 @@ def parse_spec(spec: str) -> HubRef:
 class HubOptions:
     endpoint: str = DEFAULT_ENDPOINT
     token: str | None = None
-    cache_root: Path = Path(tempfile.gettempdir()) / "xpyd-hf"
+    cache_root: Path = DEFAULT_CACHE
     offline: bool = False
     deadline_s: float = 30.0
     attempts: int = 3
@@ -89,7 +90,7 @@ class HubOptions:
         return cls(
             endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
             token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
-            cache_root=Path(home) if home else Path(tempfile.gettempdir()) / "xpyd-hf",
+            cache_root=Path(home) if home else DEFAULT_CACHE,
             offline=env.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"),
         )
 

@@ -136,6 +136,13 @@ def _router_tokenizer(model_dirs: dict[str, Path], model: str) -> HfTokenizer:
     return tok
 
 
+def _engine_renders(engine: Any, conversation: list[Json], tools: list[Json] | None, kwargs: Json) -> str:
+    """What the engine renders: transformers' apply_chat_template, as vLLM calls it."""
+    kwargs = {"add_generation_prompt": True, **kwargs}
+    rendered: str = engine.apply_chat_template(copy.deepcopy(conversation), tools=tools, tokenize=False, **kwargs)
+    return rendered
+
+
 @pytest.mark.parametrize(("model", "body", "conversation", "tools", "kwargs"), PARAMS)
 def test_rendering_equals_apply_chat_template(
     model: str,
@@ -146,9 +153,7 @@ def test_rendering_equals_apply_chat_template(
     model_dirs: dict[str, Path],
     engine_tokenizers: Callable[[str], Any],
 ) -> None:
-    engine = engine_tokenizers(model)
-    kwargs = {"add_generation_prompt": True, **kwargs}
-    want = engine.apply_chat_template(copy.deepcopy(conversation), tools=tools, tokenize=False, **kwargs)
+    want = _engine_renders(engine_tokenizers(model), conversation, tools, kwargs)
     router = _router_tokenizer(model_dirs, model)
     assert router.chat_template is not None
     sent = copy.deepcopy(body)
@@ -168,8 +173,7 @@ def test_chat_keys_are_the_engines_blocks(
 ) -> None:
     """The router's keys equal token_block_keys of the engine's ids, and so the keys its KV events give."""
     engine = engine_tokenizers(model)
-    kwargs = {"add_generation_prompt": True, **kwargs}
-    rendered = engine.apply_chat_template(copy.deepcopy(conversation), tools=tools, tokenize=False, **kwargs)
+    rendered = _engine_renders(engine, conversation, tools, kwargs)
     ids = engine(rendered, add_special_tokens=False)["input_ids"]  # what apply_chat_template(tokenize=True) does
     keys = RequestKeys(_router_tokenizer(model_dirs, model), 4, 256, 4.0)
     _, text = parse_body(orjson.dumps(body), chat=True)
