@@ -60,6 +60,12 @@ NIXL_PORT: Final = 5600  # vLLM's NIXL side channel
 SGLANG_BOOTSTRAP_PORT: Final = 8998  # SGLang's prefill bootstrap server
 KV_EVENTS_PORT: Final = 5557  # the engine's KV-cache event publisher (ZMQ PUB; vLLM's default)
 KV_REPLAY_PORT: Final = 5657  # its replay socket (ZMQ ROUTER); +100 so data-parallel ranks (port + rank) never clash
+# data-parallel rank r publishes on both ports + r (vLLM): more ranks than the gap on one host would collide
+MAX_DATA_PARALLEL: Final = KV_REPLAY_PORT - KV_EVENTS_PORT
+# Annotations on the pod that serves a vLLM data-parallel replica's API: the router routes to each rank
+# (X-data-parallel-rank) and subscribes to rank r's events on pod r // local of the group, port + r.
+DATA_PARALLEL_SIZE: Final = "xpyd.io/data-parallel-size"
+DATA_PARALLEL_LOCAL: Final = "xpyd.io/data-parallel-size-local"
 KV_EVENTS_PORT_NAME: Final = "kv-events"  # container port names the router's discovery looks for
 KV_REPLAY_PORT_NAME: Final = "kv-replay"
 KV_EVENTS_TOPIC: Final = "kv-events"

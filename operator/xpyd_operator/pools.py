@@ -74,6 +74,10 @@ def pod_template(
         "prometheus.io/port": str(L.ENGINE_PORT),
         "prometheus.io/path": "/metrics",
     }
+    layout = pool.layout(spec.topology.hardware)
+    if layout.dp > 1 and spec.engine.kind != "sglang":  # vLLM (and the emulator) pin a request's rank by header
+        annotations[L.DATA_PARALLEL_SIZE] = str(layout.dp)
+        annotations[L.DATA_PARALLEL_LOCAL] = str(layout.dp_local)
     out = {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
     return podneeds.dress(out, spec, pool, compute_domain and clique is not None)
 

@@ -16,6 +16,7 @@ from xpyd_router.health import HealthChecker, health_loop, publish
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.pool import WorkerPool
 from xpyd_router.proxy import JSON, Proxy, ProxyConfig, error_response
+from xpyd_router.targets import split_target
 
 Background = Callable[[WorkerPool], Coroutine[Any, Any, None]]
 MODELS_TIMEOUT = 5.0  # seconds for one worker's /v1/models
@@ -63,15 +64,15 @@ def build_app(
             return denied
         assert proxy.session is not None
         limit = aiohttp.ClientTimeout(total=MODELS_TIMEOUT)
-        for role in ("decode", "worker", "prefill"):
-            for worker in pool.ready(role):
-                try:
-                    async with proxy.session.get(worker.name + "/v1/models", timeout=limit) as resp:
-                        data = await resp.read()
-                    if resp.status == 200 and isinstance(orjson.loads(data), dict):
-                        return web.Response(body=data, content_type=JSON)
-                except _ERRORS:
-                    continue
+        ready = [w.name for role in ("decode", "worker", "prefill") for w in pool.ready(role)]
+        for server in dict.fromkeys(split_target(name)[0] for name in ready):  # each API server once, in order
+            try:
+                async with proxy.session.get(server + "/v1/models", timeout=limit) as resp:
+                    data = await resp.read()
+                if resp.status == 200 and isinstance(orjson.loads(data), dict):
+                    return web.Response(body=data, content_type=JSON)
+            except _ERRORS:
+                continue
         return error_response(503, "no worker could list the models", "service_unavailable")
 
     async def health(_: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ from xpyd_router.engine_tokens import is_hub_spec, load_hub_tokenizer, make_toke
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
-from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg
+from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targets
 from xpyd_router.proxy import ProxyConfig
 from xpyd_router.server import GuardedSite, make_runner
 
@@ -76,6 +76,12 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--kv-events-topic", default="", help="topic prefix to subscribe to (default: all)")
     p.add_argument(
+        "--data-parallel-size", type=int, default=1, metavar="N",
+        help="static workers: each URL is a vLLM API server over N data-parallel ranks; route to ranks "
+        "(X-data-parallel-rank), each rank's KV events on the events port + rank (default 1; in-cluster: "
+        "read from the pods)",
+    )  # fmt: skip
+    p.add_argument(
         "--peers",
         nargs="+",
         default=[],
@@ -124,16 +130,16 @@ def static_workers(args: argparse.Namespace) -> list[WorkerSpec]:
     specs = [parse_worker_arg(u, "prefill") for u in args.prefill]
     specs += [parse_worker_arg(u, "decode") for u in args.decode]
     specs += [parse_worker_arg(u, "worker") for u in args.worker]
-    if not args.kv_events_port:
-        return specs
-    offset = L.KV_REPLAY_PORT - L.KV_EVENTS_PORT
-    replay = args.kv_events_port + offset if args.kv_replay_port is None else args.kv_replay_port
-    out = []
-    for spec in specs:
-        host = urlsplit(spec.url).hostname
-        events, replays = f"tcp://{host}:{args.kv_events_port}", f"tcp://{host}:{replay}" if replay else ""
-        out.append(dataclasses.replace(spec, kv_events=events, kv_replay=replays))
-    return out
+    if args.kv_events_port:
+        offset = L.KV_REPLAY_PORT - L.KV_EVENTS_PORT
+        replay = args.kv_events_port + offset if args.kv_replay_port is None else args.kv_replay_port
+        out = []
+        for spec in specs:
+            host = urlsplit(spec.url).hostname
+            events, replays = f"tcp://{host}:{args.kv_events_port}", f"tcp://{host}:{replay}" if replay else ""
+            out.append(dataclasses.replace(spec, kv_events=events, kv_replay=replays))
+        specs = out
+    return [target for spec in specs for target in rank_targets(spec, args.data_parallel_size)]
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -155,6 +161,8 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--block-chars must be a positive multiple of 8, got {args.block_chars}"
     if args.max_attempts < 1:
         return "--max-attempts must be at least 1"
+    if not 1 <= args.data_parallel_size <= L.MAX_DATA_PARALLEL:
+        return f"--data-parallel-size must be 1-{L.MAX_DATA_PARALLEL}, got {args.data_parallel_size}"
     if not 1 <= args.block_size <= 1024:
         return f"--block-size must be 1-1024 tokens, got {args.block_size}"
     for flag, port in (("--kv-events-port", args.kv_events_port), ("--kv-replay-port", args.kv_replay_port)):

@@ -2,7 +2,9 @@
 
 A single-pod replica (a StatefulSet pod) is a worker while it is Ready. A multi-node replica is a
 LeaderWorkerSet group: only its leader (worker-index 0) runs the engine's API server, so the group
-is one worker, at the leader's address, and only while every rank of the group is Ready.
+is one worker, at the leader's address, and only while every rank of the group is Ready. A vLLM
+data-parallel replica (the operator's xpyd.io/data-parallel-size annotations on its API pod) is one
+target per data-parallel rank, each subscribed to the events of the pod that runs the rank.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from lightkube.resources.core_v1 import Pod
 
 from xpyd_api import labels
 from xpyd_router.model import Role
-from xpyd_router.pool import WorkerSpec
+from xpyd_router.pool import WorkerSpec, rank_targets
 
 log = logging.getLogger(__name__)
 WORKER_ROLES: frozenset[str] = frozenset({"prefill", "decode", "worker"})
@@ -83,7 +85,7 @@ def pod_worker(pod: Any) -> WorkerSpec | None:
         return None
     ports = {p.name: p.containerPort for c in (spec.containers if spec else []) for p in c.ports or [] if p.name}
     port = ports.get("http", DEFAULT_PORT)
-    domain = pod_labels.get(labels.NVLINK_DOMAIN_LABEL) or (spec.nodeName if spec else None) or ""
+    domain = _domain(pod)
     rev = pod_labels.get(labels.ENGINE_REV, "")
     events, replay = (ports.get(n) for n in (labels.KV_EVENTS_PORT_NAME, labels.KV_REPLAY_PORT_NAME))
     kv_events = f"tcp://{status.podIP}:{events}" if events else ""
@@ -110,18 +112,45 @@ def complete_groups(pods: Iterable[Any]) -> set[tuple[str, str, str]]:
     return {g for g, size in sizes.items() if size >= 1 and live.get(g, set()) >= set(range(size))}
 
 
+def _domain(pod: Any) -> str:
+    pod_labels: dict[str, str] = dict(pod.metadata.labels or {}) if pod.metadata else {}
+    return pod_labels.get(labels.NVLINK_DOMAIN_LABEL) or (pod.spec.nodeName if pod.spec else None) or ""
+
+
+def data_parallel(pod: Any) -> tuple[int, int]:
+    """(ranks, ranks per pod) the operator's annotations give a vLLM data-parallel replica's API pod;
+    (1, 1) for any other (one target: the engine picks the rank)."""
+    annotations: dict[str, str] = dict(pod.metadata.annotations or {}) if pod.metadata else {}
+    size = _number(annotations.get(labels.DATA_PARALLEL_SIZE))
+    if size <= 1:
+        return 1, 1
+    local = _number(annotations.get(labels.DATA_PARALLEL_LOCAL))
+    return size, local if 1 <= local <= size else size
+
+
 def workers_of(pods: Iterable[Any]) -> list[WorkerSpec]:
-    """The workers of a whole pod list: Ready single pods, and the leaders of complete groups (one each)."""
+    """The routing targets of a whole pod list: Ready single pods, and the leaders of complete groups
+    (one each); a data-parallel replica's API pod gives one target per rank, each with the events of
+    the group's pod that runs the rank (xpyd_router.targets)."""
     pods = list(pods)
     complete = complete_groups(pods)
+    members: dict[tuple[str, str, str], dict[int, tuple[str, str]]] = {}
+    for pod in pods:
+        member = group_member(pod)
+        if member is not None and member.group in complete and member.rank >= 0 and _live(pod):
+            members.setdefault(member.group, {})[member.rank] = (str(pod.status.podIP or ""), _domain(pod))
     out = []
     for pod in pods:
         worker = pod_worker(pod)
         if worker is None:
             continue
         member = group_member(pod)
-        if member is None or member.group in complete:
-            out.append(worker)
+        if member is not None and member.group not in complete:
+            continue
+        size, local = data_parallel(pod)
+        ranks = members.get(member.group, {}) if member is not None else {}
+        hosts = [ranks[i] for i in range(len(ranks)) if i in ranks]
+        out.extend(rank_targets(worker, size, local, hosts))
     return out
 
 

@@ -11,6 +11,7 @@ from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import WORKER_ROLES
 from xpyd_router.pool import WorkerPool
 from xpyd_router.scrape import WorkerMetrics, parse_metrics
+from xpyd_router.targets import split_target
 
 PROBE_TIMEOUT = 2.0  # seconds for GET /health or /metrics
 _ERRORS = (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError)
@@ -40,17 +41,30 @@ class HealthChecker:
         except _ERRORS:
             return None
 
-    async def check(self, name: str) -> None:
-        """A down (or new) worker must pass /health before its metrics can bring it back."""
-        worker = self.pool.workers.get(name)
-        if worker is None:
+    async def check(self, *names: str) -> None:
+        """The targets of one API server (itself, or its data-parallel ranks): one /health probe when
+        any is down (or new) and may come back, one /metrics scrape for all; a down target must pass
+        the probe before the metrics can bring it back."""
+        workers = self.pool.workers
+        names = tuple(n for n in names if n in workers)
+        if not names:
             return
-        if not worker.healthy and (self.pool.held(name) or not await self.probe(name)):
+        base = split_target(names[0])[0]
+        due = [n for n in names if workers[n].healthy]
+        down = [n for n in names if not workers[n].healthy and not self.pool.held(n)]
+        if down and await self.probe(base):
+            due += down
+        if not due:
             return
-        self.pool.apply_metrics(name, await self.scrape(name))
+        metrics = await self.scrape(base)
+        for name in due:
+            self.pool.apply_metrics(name, metrics)
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(name) for name in list(self.pool.workers)))
+        by_server: dict[str, list[str]] = {}
+        for name in list(self.pool.workers):
+            by_server.setdefault(split_target(name)[0], []).append(name)
+        await asyncio.gather(*(self.check(*names) for names in by_server.values()))
 
     def check_soon(self, name: str) -> None:
         """For pool.on_added: probe a newly discovered worker now rather than at the next scrape."""

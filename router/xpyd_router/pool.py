@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from xpyd_router.block_keys import RequestKeys
@@ -12,13 +12,14 @@ from xpyd_router.model import NoWorker, Plan, Policy, Role, RouteRequest, Worker
 from xpyd_router.policy_base import record
 from xpyd_router.prefix_index import PrefixIndex
 from xpyd_router.scrape import WorkerMetrics
+from xpyd_router.targets import rank_endpoint, split_target, target_name
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
     """A worker to route to, as discovery found it."""
 
-    url: str
+    url: str  # the target (xpyd_router.targets): the API server's base URL, `#dpR` for one of its ranks
     role: Role
     domain: str = ""
     rev: str = ""  # engine revision; "" (static URLs) pairs with any
@@ -27,6 +28,23 @@ class WorkerSpec:
 
     def extra(self) -> dict[str, str]:
         return {k: v for k, v in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)) if v}
+
+
+def rank_targets(spec: WorkerSpec, size: int, local: int = 0, pods: Sequence[tuple[str, str]] = ()) -> list[WorkerSpec]:
+    """The routing targets of a worker that fronts `size` data-parallel ranks (xpyd_router.targets):
+    one per rank, its events on the rank's port; rank r runs on pod r // `local` of the replica's
+    `pods` ((IP, NVLink domain) in worker-index order; none given: all on the worker's own host).
+    A worker of one rank is its own target."""
+    if size <= 1:
+        return [spec]
+    out = []
+    for rank in range(size):
+        host, domain = pods[rank // local] if pods and local > 0 and rank // local < len(pods) else ("", spec.domain)
+        out.append(replace(
+            spec, url=target_name(spec.url, rank), domain=domain or spec.domain,
+            kv_events=rank_endpoint(spec.kv_events, rank, host), kv_replay=rank_endpoint(spec.kv_replay, rank, host),
+        ))  # fmt: skip
+    return out
 
 
 def parse_worker_arg(raw: str, role: Role) -> WorkerSpec:
@@ -39,7 +57,7 @@ def parse_worker_arg(raw: str, role: Role) -> WorkerSpec:
     except ValueError:
         port = None
         parts = urlsplit("")
-    if parts.scheme != "http" or not parts.hostname or port is None or parts.path or parts.query:
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path or parts.query or parts.fragment:
         raise ValueError(f"worker URL must look like http://HOST:PORT[@domain] (plain HTTP, a port), got {raw!r}")
     return WorkerSpec(url, role, domain)
 
@@ -165,6 +183,7 @@ class WorkerPool:
         if not worker.healthy and worker.held_until > self.clock():
             return
         worker.healthy = True
+        metrics = metrics.of_rank(split_target(name)[1])
         worker.waiting, worker.running, worker.kv_usage = metrics.waiting, metrics.running, metrics.kv_usage
         if metrics.capacity_tokens > 0:
             blocks = int(metrics.capacity_tokens / self.keys.tokens_per_block)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The names it reads (vLLM's, and SGLang's so one scraper serves both engines), from the one list.
 from xpyd_api.metric_names import CACHE_CONFIG as CACHE_CONFIG
@@ -25,10 +25,16 @@ class WorkerMetrics:
     kv_usage: float = 0.0
     block_size: int = 0  # tokens per KV block (0: not reported)
     num_gpu_blocks: int = 0
+    engines: dict[str, WorkerMetrics] = field(default_factory=dict)  # by `engine` label, when several
 
     @property
     def capacity_tokens(self) -> int:
         return self.block_size * self.num_gpu_blocks
+
+    def of_rank(self, rank: int | None) -> WorkerMetrics:
+        """One data-parallel rank's figures (vLLM labels each engine `engine="<rank>"`); the whole
+        replica's when the rank is None or the engine reported no such label."""
+        return self if rank is None else self.engines.get(str(rank), self)
 
 
 def parse_metrics(text: str) -> WorkerMetrics:
@@ -41,6 +47,7 @@ def parse_metrics(text: str) -> WorkerMetrics:
     usage_seen: list[float] = []
     block_size = 0
     engine_blocks: dict[str, int] = {}
+    per_engine: dict[str, dict[str, float]] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -64,8 +71,31 @@ def parse_metrics(text: str) -> WorkerMetrics:
             usage_seen.append(value)
         else:
             sums[key] += value
+        engine = _engine_label(line, name_end)
+        if engine is not None:
+            gauges = per_engine.setdefault(engine, {})
+            gauges[key] = gauges.get(key, 0.0) + value
     usage = max(usage_seen) if usage_seen else 0.0
-    return WorkerMetrics(sums[WAITING], sums[RUNNING], usage, block_size, sum(engine_blocks.values()))
+    engines = {}
+    if len(per_engine) > 1 or len(engine_blocks) > 1:
+        for engine in per_engine.keys() | engine_blocks.keys():
+            gauges = per_engine.get(engine, {})
+            engines[engine] = WorkerMetrics(
+                gauges.get(WAITING, 0.0), gauges.get(RUNNING, 0.0), gauges.get(KV_USAGE, 0.0), block_size,
+                engine_blocks.get(engine, 0),
+            )  # fmt: skip
+    return WorkerMetrics(sums[WAITING], sums[RUNNING], usage, block_size, sum(engine_blocks.values()), engines)
+
+
+def _engine_label(line: str, start: int) -> str | None:
+    """The value of the sample's `engine` label, if it has one (a plain scan: hot enough to skip the regex)."""
+    end = line.rfind("}")
+    for mark in ('{engine="', ',engine="'):
+        at = line.find(mark, start, end)
+        if at >= 0:
+            at += len(mark)
+            return line[at : line.find('"', at, end)]
+    return None
 
 
 def _int(raw: str | None) -> int:

@@ -16,6 +16,8 @@ from typing import cast
 
 import httptools
 
+from xpyd_router.targets import RANK_HEADER, split_target
+
 MAX_REPLY_BYTES = 64 << 20  # a non-streamed reply larger than this is garbage
 
 
@@ -230,15 +232,18 @@ class Upstream:
         self.connect_timeout = connect_timeout
         self.first_byte_timeout = first_byte_timeout  # send to first body byte
         self.idle_timeout = idle_timeout  # longest silence between body reads
-        self._keys: dict[str, tuple[str, int]] = {}
+        self._keys: dict[str, tuple[tuple[str, int], str]] = {}
 
-    def _key(self, base: str) -> tuple[str, int]:
-        key = self._keys.get(base)
-        if key is None:
-            hostport = base.split("://", 1)[-1]
-            host, _, port = hostport.rpartition(":")
-            key = self._keys[base] = (host.strip("[]"), int(port))
-        return key
+    def _key(self, target: str) -> tuple[tuple[str, int], str]:
+        """(host, port) of a target name (a base URL, or a data-parallel rank of one) and the extra
+        header line it needs (the rank's `X-data-parallel-rank`)."""
+        found = self._keys.get(target)
+        if found is None:
+            base, rank = split_target(target)
+            host, _, port = base.split("://", 1)[-1].rpartition(":")
+            extra = "" if rank is None else f"{RANK_HEADER}: {rank}\r\n"
+            found = self._keys[target] = ((host.strip("[]"), int(port)), extra)
+        return found
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -251,16 +256,16 @@ class Upstream:
             conn.connection_made(transport)
         return conn
 
-    async def post(self, base: str, path: str, body: bytes, first_byte: bool = True) -> UpstreamResponse:
-        """Sends the request and waits for the status line and headers.
+    async def post(self, target: str, path: str, body: bytes, first_byte: bool = True) -> UpstreamResponse:
+        """Sends the request to a target (xpyd_router.targets) and waits for the status line and headers.
 
         `first_byte=False` lifts the first-byte budget (a non-streamed decode is silent until it is done;
         the caller's request deadline bounds it); the idle budget between reads always applies.
         """
-        key = self._key(base)
+        key, extra = self._key(target)
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\nContent-Type: application/json\r\n"
-            f"Accept: */*\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Accept: */*\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
         ).encode("latin-1")
         budget = self.first_byte_timeout if first_byte else None
         idle = self.idle.get(key)

@@ -97,6 +97,32 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
     assert "prometheus.io/scrape" not in (lwt["workerTemplate"]["metadata"].get("annotations") or {})
 
 
+@pytest.mark.parametrize(
+    ("kind", "topology", "gpus", "nodes", "workload", "want"),
+    [
+        ("vllm", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),  # two nodes, 8 ranks each
+        ("emulator", "GB200-NVL72", 32, nvl72_nodes(), "LeaderWorkerSet", ("32", "4")),
+        ("vllm", "HGX-B200", 8, b200_nodes(8), "StatefulSet", ("8", "8")),  # one node
+        ("sglang", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # SGLang picks its own rank
+    ],
+)
+def test_the_api_pod_tells_the_router_its_data_parallel_ranks(
+    kind: str, topology: str, gpus: int, nodes: Any, workload: str, want: tuple[str, str] | None
+) -> None:
+    manifest = _render(wide_ep(topology, gpus, gpus, kind), nodes)[(workload, "llama-prefill")]
+    if workload == "LeaderWorkerSet":
+        lwt = manifest["spec"]["leaderWorkerTemplate"]
+        api, other = lwt["leaderTemplate"], lwt["workerTemplate"]
+        assert L.DATA_PARALLEL_SIZE not in (other["metadata"].get("annotations") or {})
+    else:
+        api = manifest["spec"]["template"]
+    annotations = api["metadata"]["annotations"]
+    got = (annotations[L.DATA_PARALLEL_SIZE], annotations[L.DATA_PARALLEL_LOCAL]) if want else None
+    assert got == want
+    if want is None:
+        assert L.DATA_PARALLEL_SIZE not in annotations
+
+
 def test_gb200_groups_share_one_clique_and_hold_the_imex_channel() -> None:
     out = _render(wide_ep("GB200-NVL72", 16, 32), nvl72_nodes())
     cd = out[("ComputeDomain", "llama-imex")]

@@ -45,6 +45,9 @@ XPYD = str(Path(sys.executable).with_name("xpyd"))
         (["--decode", U, "--kv-events-port", "5557"], "--kv-events-port needs --tokenizer"),
         (["--decode", U, "--tokenizer", "emulator", "--kv-events-port", "70000"], "--kv-events-port must be 0-65535"),
         (["--decode", U, "--block-size", "0"], "--block-size must be 1-1024 tokens"),
+        (["--decode", U, "--data-parallel-size", "0"], "--data-parallel-size must be 1-100, got 0"),
+        (["--decode", U, "--data-parallel-size", "101"], "--data-parallel-size must be 1-100, got 101"),
+        (["--decode", "http://127.0.0.1:9#dp1"], "worker URL must look like"),
         (["--decode", U, "--peers", U, "--peer-sync", "0"], "--peer-sync must be a positive number"),
         (["--decode", U, "--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json"),
         (["--decode", U, "--tokenizer", "hf:"], "--tokenizer hf:: want hf:ORG/NAME[@REVISION]"),
@@ -110,6 +113,18 @@ def test_static_workers_subscribe_to_kv_events_on_their_own_host(flags: list[str
     args = parser().parse_args(["--worker", U, "--tokenizer", "emulator", *flags])
     [spec] = static_workers(args)
     assert (spec.kv_events, spec.kv_replay) == (events, replay)
+
+
+def test_static_data_parallel_workers_are_one_target_per_rank() -> None:
+    flags = ["--tokenizer", "emulator", "--kv-events-port", "5557", "--data-parallel-size", "2"]
+    args = parser().parse_args(["--prefill", U, "--decode", U, *flags])
+    specs = static_workers(args)
+    assert [(s.url, s.role, s.kv_events, s.kv_replay) for s in specs] == [
+        (f"{U}#dp0", "prefill", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5657"),
+        (f"{U}#dp1", "prefill", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5658"),
+        (f"{U}#dp0", "decode", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5657"),
+        (f"{U}#dp1", "decode", "tcp://127.0.0.1:5558", "tcp://127.0.0.1:5658"),
+    ]
 
 
 @pytest.mark.parametrize(

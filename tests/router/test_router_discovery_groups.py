@@ -202,3 +202,53 @@ def test_a_group_is_one_replica_in_its_leaders_metrics(text: str, want: tuple[fl
 
     m = parse_metrics(text)
     assert (m.waiting, m.running, m.kv_usage, m.capacity_tokens) == want
+
+
+def with_dp(pods: list[Pod], size: int, local: int) -> list[Pod]:
+    """The group with the operator's data-parallel annotations on its leader."""
+    leader = pods[0]
+    assert leader.metadata is not None and leader.metadata.annotations is not None
+    leader.metadata.annotations[labels.DATA_PARALLEL_SIZE] = str(size)
+    leader.metadata.annotations[labels.DATA_PARALLEL_LOCAL] = str(local)
+    return pods
+
+
+def test_a_data_parallel_group_is_one_target_per_rank_on_its_pods() -> None:
+    targets = workers_of(with_dp(group(n=2), size=4, local=2))
+    assert [t.url for t in targets] == [f"http://127.0.1.1:8000#dp{r}" for r in range(4)]
+    assert [t.kv_events for t in targets] == [
+        "tcp://127.0.1.1:5557", "tcp://127.0.1.1:5558", "tcp://127.0.1.2:5559", "tcp://127.0.1.2:5560",
+    ]  # fmt: skip
+    assert [t.kv_replay for t in targets] == [
+        "tcp://127.0.1.1:5657", "tcp://127.0.1.1:5658", "tcp://127.0.1.2:5659", "tcp://127.0.1.2:5660",
+    ]  # fmt: skip
+    assert {t.role for t in targets} == {"decode"}
+
+
+def test_an_incomplete_data_parallel_group_has_no_targets() -> None:
+    assert workers_of(replaced(with_dp(group(n=2), 4, 2), 1, rank(1, ready=False))) == []
+
+
+def test_a_single_pod_data_parallel_replica() -> None:
+    pod = single("p-0", "127.0.9.1")
+    pod.spec.containers[0].ports = LEADER_PORTS  # type: ignore[union-attr]
+    pod.metadata.annotations = {labels.DATA_PARALLEL_SIZE: "8", labels.DATA_PARALLEL_LOCAL: "8"}  # type: ignore[union-attr]
+    targets = workers_of([pod])
+    assert [t.url for t in targets] == [f"http://127.0.9.1:8000#dp{r}" for r in range(8)]
+    assert targets[7].kv_events == "tcp://127.0.9.1:5564" and targets[7].kv_replay == "tcp://127.0.9.1:5664"
+
+
+@pytest.mark.parametrize(
+    ("annotations", "targets"),
+    [
+        ({}, 1),
+        ({labels.DATA_PARALLEL_SIZE: "1"}, 1),
+        ({labels.DATA_PARALLEL_SIZE: "junk"}, 1),
+        ({labels.DATA_PARALLEL_SIZE: "4"}, 4),  # no local count: all on the pod
+        ({labels.DATA_PARALLEL_SIZE: "4", labels.DATA_PARALLEL_LOCAL: "9"}, 4),  # nonsense local: all on the pod
+    ],
+)
+def test_data_parallel_annotations_read_defensively(annotations: dict[str, str], targets: int) -> None:
+    pod = single("p-0", "127.0.9.1")
+    pod.metadata.annotations = annotations  # type: ignore[union-attr]
+    assert len(workers_of([pod])) == targets

@@ -224,3 +224,32 @@ async def test_an_oversized_reply_is_refused_as_a_bad_answer() -> None:
             resp.close()
         finally:
             client.close()
+
+
+async def test_a_rank_target_pins_the_rank_on_the_shared_connection() -> None:
+    """A data-parallel rank's target sends vLLM's X-data-parallel-rank; the worker itself sends none;
+    all targets of one server share its kept-alive connections."""
+    seen: list[tuple[str | None, str]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        peer = str(request.transport.get_extra_info("peername") if request.transport else "")
+        seen.append((request.headers.get("X-data-parallel-rank"), peer))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port("127.0.0.1")
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        client = Upstream()
+        for target in (f"http://127.0.0.1:{port}#dp3", f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}#dp0"):
+            resp = await client.post(target, "/v1/completions", b"{}")
+            await resp.read()
+            resp.close()
+        client.close()
+    finally:
+        await runner.cleanup()
+    assert [rank for rank, _ in seen] == ["3", None, "0"]
+    assert len({peer for _, peer in seen}) == 1
