@@ -56,7 +56,7 @@ def build_app(
                 await task
         await checker.close()
         await session.close()
-        proxy.upstream.close()
+        proxy.close()
 
     async def models(request: web.Request) -> web.Response:
         denied = proxy.unauthorized(request)

@@ -29,6 +29,7 @@ from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targ
 from xpyd_router.proxy import ProxyConfig
 from xpyd_router.server import GuardedSite, make_runner
 
+MAX_TOKENIZER_THREADS = 64
 TIMEOUTS = ("connect", "first_byte", "idle", "request", "header", "body")
 
 
@@ -66,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
         help="the Jinja chat template the engines were given (vLLM's --chat-template), instead of the model's",
     )  # fmt: skip
     p.add_argument("--block-size", type=int, default=16, help="tokens per engine KV block (with --tokenizer)")
+    p.add_argument(
+        "--tokenizer-threads", type=int, default=2, metavar="N",
+        help="threads that tokenize prompts over 16 KiB characters off the event loop (0: on the loop; default 2)",
+    )  # fmt: skip
     p.add_argument(
         "--kv-events-port", type=int, default=0,
         help="static workers: subscribe to KV events on this port of each worker's host (0: none; needs --tokenizer)",
@@ -161,6 +166,8 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--block-chars must be a positive multiple of 8, got {args.block_chars}"
     if args.max_attempts < 1:
         return "--max-attempts must be at least 1"
+    if not 0 <= args.tokenizer_threads <= MAX_TOKENIZER_THREADS:
+        return f"--tokenizer-threads must be 0-{MAX_TOKENIZER_THREADS}, got {args.tokenizer_threads}"
     if not 1 <= args.data_parallel_size <= L.MAX_DATA_PARALLEL:
         return f"--data-parallel-size must be 1-{L.MAX_DATA_PARALLEL}, got {args.data_parallel_size}"
     if not 1 <= args.block_size <= 1024:
@@ -237,6 +244,7 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         request_timeout=args.request_timeout,
         body_timeout=args.body_timeout,
         api_key=args.api_key,
+        tokenizer_threads=args.tokenizer_threads,
     )
     app = build_app(pool, metrics, config, args.scrape_interval, background, args.max_body_bytes)
     if share is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -27,7 +28,7 @@ import numpy as np
 from xpyd_perf.emutokens import Ids as Ids
 from xpyd_perf.emutokens import token_ids
 from xpyd_router import hub_files
-from xpyd_router.token_cache import SegmentEncoder
+from xpyd_router.token_cache import SegmentEncoder, encode_unlocked
 
 if TYPE_CHECKING:
     from xpyd_router.chat_template import ChatTemplate
@@ -63,8 +64,8 @@ class EmulatorTokenizer:
 
 
 class HfTokenizer:
-    """A Hugging Face tokenizer.json through the `tokenizers` package (Rust, releases the GIL), and the
-    model's chat template when it has one."""
+    """A Hugging Face tokenizer.json through the `tokenizers` package (Rust; encoded with the GIL
+    released: token_cache.encode_unlocked), and the model's chat template when it has one."""
 
     def __init__(
         self,
@@ -77,6 +78,9 @@ class HfTokenizer:
             from tokenizers import Tokenizer as _Rust
         except ImportError:  # a dependency of xpyd: only a broken install lacks it
             raise ValueError("--tokenizer needs the 'tokenizers' package, an xpyd dependency: reinstall xpyd") from None
+        # The router runs its own tokenizing threads: rayon's pool would only add a hand-off per prompt
+        # (and a warning in every child a test process forks afterwards).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         try:
             self._tok: Any = _Rust.from_file(path)
         except Exception as exc:  # the Rust side raises plain Exception for a missing or bad file
@@ -88,7 +92,7 @@ class HfTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> Ids:
         special = self.add_special_tokens if add_special_tokens is None else add_special_tokens
-        return np.asarray(self._tok.encode(text, add_special_tokens=special).ids, dtype=np.int64)
+        return np.asarray(encode_unlocked(self._tok, text, special), dtype=np.int64)
 
     def prompt_ids(self, body: Body, text: str, chat: bool) -> Ids:
         if not chat:  # vLLM's completions default: add_special_tokens true

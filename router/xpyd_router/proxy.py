@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +23,11 @@ from xpyd_router.upstream import Upstream
 
 __all__ = ["JSON", "Proxy", "ProxyConfig", "error_response"]
 log = logging.getLogger("xpyd_router")
+# A prompt this long (characters) is tokenized on a thread, not on the event loop: with a real model's
+# tokenizer (about 0.3 us a character) it would hold every other request's bytes for 5 ms or more,
+# and `tokenizers` releases the GIL, so the threads also use the other cores. Shorter ones stay on
+# the loop, where a thread's hand-off (tens of microseconds) would cost more than it saves.
+OFFLOAD_CHARS = 16 << 10
 
 
 @dataclass
@@ -35,6 +41,7 @@ class ProxyConfig:
     request_timeout: float = 600.0  # whole request; a client may lower it with X-Request-Timeout
     body_timeout: float = 30.0  # for the client to send its request body
     api_key: str | None = None  # Authorization: Bearer <key> on the OpenAI routes
+    tokenizer_threads: int = 2  # threads that tokenize long prompts (0: all on the event loop)
 
 
 class Proxy:
@@ -48,6 +55,21 @@ class Proxy:
         self.api_key = ApiKey(config.api_key)
         self.inflight = 0  # requests being served; the gauge reads it when scraped (no lock per request)
         metrics.inflight_now.set_function(lambda: self.inflight)
+        self._keyer: ThreadPoolExecutor | None = None  # started by the first long prompt
+
+    def close(self) -> None:
+        self.upstream.close()
+        if self._keyer is not None:
+            self._keyer.shutdown(wait=False, cancel_futures=True)
+
+    async def _keys(self, body: JsonObj, text: str, chat: bool) -> list[int]:
+        """The request's block keys; a long prompt's tokenized on a thread (OFFLOAD_CHARS)."""
+        keys = self.pool.keys
+        if keys.tokenizer is None or len(text) < OFFLOAD_CHARS or self.config.tokenizer_threads <= 0:
+            return keys.for_request(body, text, chat)
+        if self._keyer is None:
+            self._keyer = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="xpyd-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._keyer, keys.for_request, body, text, chat)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "/v1/completions", chat=False)
@@ -111,7 +133,7 @@ class Proxy:
         except TimeoutError:
             message = f"request body not received within {self.config.body_timeout:g}s"
             return self._bad_request(request, 408, message, None)
-        blocks = self.pool.keys.for_request(body, text, chat)
+        blocks = await self._keys(body, text, chat)
         req = RouteRequest(blocks, affinity_key(blocks, text), len(text))
         ex = Exchange(request)
         try:

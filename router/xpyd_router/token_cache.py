@@ -226,7 +226,7 @@ class SegmentEncoder:
         return np.concatenate(parts, dtype=np.int64)
 
     def whole(self, text: str) -> Ids:
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        return np.asarray(encode_unlocked(self._tok, text), dtype=np.int64)
 
     def cut(self, text: str) -> list[Piece]:
         """The text's pieces as tokenizers cuts them at added tokens: texts and 1-id arrays."""
@@ -242,8 +242,19 @@ class SegmentEncoder:
         return pieces
 
 
+def encode_unlocked(tok: Any, text: str, add_special_tokens: bool = False) -> list[int]:
+    """`tok.encode(text).ids`, with the GIL released while Rust works: the `tokenizers` binding holds it
+    for the whole of `encode` (bindings/python/src/tokenizer.rs) but detaches in `encode_batch`, so a
+    prompt tokenized on one of the router's threads would otherwise stop the event loop all the same
+    (measured: a 64k-character prompt on a thread stalled the main thread 20 ms with `encode`, 0.6 ms
+    with `encode_batch`, at the same cost per call). With TOKENIZERS_PARALLELISM false (HfTokenizer
+    sets it unless the environment says otherwise) the batch of one runs on the calling thread."""
+    ids: list[int] = tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+    return ids
+
+
 def _encode(tok: Any, text: str) -> npt.NDArray[np.uint32]:
-    ids = np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+    ids = np.asarray(encode_unlocked(tok, text), dtype=np.uint32)
     ids.flags.writeable = False  # shared by every prompt that has this piece
     return ids
 

@@ -45,6 +45,7 @@ XPYD = str(Path(sys.executable).with_name("xpyd"))
         (["--decode", U, "--kv-events-port", "5557"], "--kv-events-port needs --tokenizer"),
         (["--decode", U, "--tokenizer", "emulator", "--kv-events-port", "70000"], "--kv-events-port must be 0-65535"),
         (["--decode", U, "--block-size", "0"], "--block-size must be 1-1024 tokens"),
+        (["--decode", U, "--tokenizer-threads", "-1"], "--tokenizer-threads must be 0-64, got -1"),
         (["--decode", U, "--data-parallel-size", "0"], "--data-parallel-size must be 1-100, got 0"),
         (["--decode", U, "--data-parallel-size", "101"], "--data-parallel-size must be 1-100, got 101"),
         (["--decode", "http://127.0.0.1:9#dp1"], "worker URL must look like"),

@@ -110,9 +110,9 @@ class _Spy:
     def __init__(self, tok: Any, seen: list[str]) -> None:
         self.tok, self.seen = tok, seen
 
-    def encode(self, text: str, add_special_tokens: bool) -> Any:
-        self.seen.append(text)
-        return self.tok.encode(text, add_special_tokens=add_special_tokens)
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> Any:
+        self.seen.extend(texts)
+        return self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)
 
 
 def test_completions_and_chat_with_special_tokens_keep_the_whole_encode(model_dirs: dict[str, Path]) -> None:
