@@ -24,6 +24,7 @@ AUTOSCALER_SCALE_EVENTS: Final = names.AUTOSCALER_SCALE_EVENTS
 ROUTER_REQUESTS: Final = names.ROUTER_REQUESTS
 ROUTER_PREFIX_HIT_RATIO: Final = names.ROUTER_PREFIX_HIT_RATIO
 ROUTER_KV_HANDOFFS: Final = names.ROUTER_KV_HANDOFFS
+ROUTER_KV_EVENT_BLOCKS: Final = names.ROUTER_KV_EVENT_BLOCKS
 ROUTER_INFLIGHT: Final = names.ROUTER_INFLIGHT  # every router has it: the variables list it
 
 # Grafana template variables every per-deployment query is filtered by.

@@ -153,6 +153,19 @@ CACHE = RowSpec(
             ),
         ),
         PanelSpec(
+            "Engine KV events",
+            "Blocks the engines reported stored and removed per second, as the routers applied them, by outcome "
+            "(orphaned: parent never seen; mismatched: another block size). Flat at zero with traffic: the routers "
+            "hear no engine (no tokenizer, or the event ports unreachable).",
+            "ops",
+            (
+                Query(
+                    f"sum by (outcome) (rate({m.own(m.ROUTER_KV_EVENT_BLOCKS)}[{m.RATE_INTERVAL}]))",
+                    "{{outcome}}",
+                ),
+            ),
+        ),
+        PanelSpec(
             "Router requests",
             "Client requests per second through the router, by HTTP status code.",
             "reqps",

@@ -52,6 +52,8 @@ ROUTER_RETRIES: Final = "xpyd_router_retries_total"
 ROUTER_WORKERS: Final = "xpyd_router_workers"
 ROUTER_INFLIGHT: Final = "xpyd_router_inflight_requests"
 ROUTER_TOKENIZER_LOADED: Final = "xpyd_router_tokenizer_loaded"  # 1: prompts keyed by the engines' tokens
+ROUTER_KV_EVENT_BATCHES: Final = "xpyd_router_kv_event_batches_total"  # per worker (data-parallel rank)
+ROUTER_KV_EVENT_BLOCKS: Final = "xpyd_router_kv_event_blocks_total"  # per worker and outcome
 
 # --- the operator's autoscaler (labels namespace, deployment, role) ---
 AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"

@@ -213,10 +213,12 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
     pool = WorkerPool(policy, args.block_chars, args.chars_per_token, keys)
     pool.set_workers(specs)
     background: list[Background] = []
+    hub = None
     if keys.engine_aligned:  # engine KV events name blocks by token ids: usable only with the tokenizer
         from xpyd_router.kv_events import KvEventHub
 
-        background.append(KvEventHub(pool, args.kv_events_topic, retune=tune).run)
+        hub = KvEventHub(pool, args.kv_events_topic, retune=tune)
+        background.append(hub.run)
     share = None
     if args.peers or args.deployment:  # in a cluster the other replicas come from the pod watch
         from xpyd_router.loadshare import LoadShare
@@ -234,6 +236,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         background.append(discover)
     metrics = RouterMetrics(args.deployment or "standalone")
     metrics.tokenizer(args.tokenizer, keys.engine_aligned)
+    if hub is not None:
+        metrics.kv_events(lambda: {name: view.stats for name, view in hub.views.items()})
     config = ProxyConfig(
         engine=args.engine,
         max_attempts=args.max_attempts,

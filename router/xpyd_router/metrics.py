@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 from xpyd_api import metric_names as names
 
@@ -25,6 +26,46 @@ class _Flush:
     def collect(self) -> Iterable[Metric]:
         self._flush()
         return []
+
+
+class EventCounts(Protocol):
+    """What one worker's KV event view counted (xpyd_router.engine_view.ViewStats)."""
+
+    batches: int
+    stored: int
+    removed: int
+    orphans: int
+    mismatched: int
+
+
+class _KvEvents:
+    """Each subscribed worker's KV event counts, read at scrape time (nothing per event): whether every
+    engine (every data-parallel rank) is heard from, and what its events did to the index. A count
+    starts over when its subscription does (Prometheus' rate() takes that as a counter reset)."""
+
+    def __init__(self, deployment: str, views: Callable[[], Mapping[str, EventCounts]]) -> None:
+        self.deployment, self.views = deployment, views
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        batches = CounterMetricFamily(
+            names.ROUTER_KV_EVENT_BATCHES.removesuffix("_total"), "KV event batches received, by worker.",
+            labels=["deployment", "worker"],
+        )  # fmt: skip
+        blocks = CounterMetricFamily(
+            names.ROUTER_KV_EVENT_BLOCKS.removesuffix("_total"),
+            "Blocks in KV events, by worker and outcome: stored and removed (applied to the index), orphaned "
+            "(a parent never seen) and mismatched (another block size).",
+            labels=["deployment", "worker", "outcome"],
+        )  # fmt: skip
+        for worker, stats in sorted(self.views().items()):
+            batches.add_metric([self.deployment, worker], stats.batches)
+            for outcome, n in (("stored", stats.stored), ("removed", stats.removed),
+                               ("orphaned", stats.orphans), ("mismatched", stats.mismatched)):  # fmt: skip
+                blocks.add_metric([self.deployment, worker, outcome], n)
+        return [batches, blocks]
 
 
 class RouterMetrics:
@@ -162,6 +203,10 @@ class RouterMetrics:
         if child is None:
             child = self._handoffs[path] = self.handoffs.labels(self.deployment, path)
         return child
+
+    def kv_events(self, views: Callable[[], Mapping[str, EventCounts]]) -> None:
+        """Export the KV event counts of the views `views()` returns, read at each scrape."""
+        self.registry.register(_KvEvents(self.deployment, views))
 
     def tokenizer(self, spec: str, loaded: bool) -> None:
         """Whether the --tokenizer asked for (`spec`) is in use: an hf: one that could not be fetched is 0."""

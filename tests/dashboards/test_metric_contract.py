@@ -61,6 +61,7 @@ def worker_metrics(emulate: Callable[..., AbstractContextManager[str]]) -> Itera
 def exposed(worker_metrics: str) -> set[str]:
     """Every sample name the worker, the router and the autoscaler expose."""
     router = RouterMetrics("dd", CollectorRegistry())
+    router.kv_events(dict)  # as a router with a tokenizer exports them: per worker, none subscribed yet
     autoscaler_registry = CollectorRegistry()
     AutoscalerMetrics(autoscaler_registry)
     own = set()

@@ -324,3 +324,21 @@ def test_the_router_adopts_the_engines_block_size_before_it_keyed_any_block(firs
         assert (b.stats.mismatched, keys.block_size, b.block_size) == (1, a.block_size, a.block_size)
     finally:
         hub.ctx.destroy(linger=0)
+
+
+def test_kv_event_counts_are_exported_per_worker_at_scrape_time() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from xpyd_router.engine_view import ViewStats
+    from xpyd_router.metrics import RouterMetrics
+
+    views = {"http://10.0.0.1:8000#dp1": ViewStats(stored=5, removed=2, orphans=1, batches=3)}
+    metrics = RouterMetrics("dd", CollectorRegistry())
+    metrics.kv_events(lambda: views)
+    text = generate_latest(metrics.registry).decode()
+    assert 'xpyd_router_kv_event_batches_total{deployment="dd",worker="http://10.0.0.1:8000#dp1"} 3.0' in text
+    for outcome, n in (("stored", 5), ("removed", 2), ("orphaned", 1), ("mismatched", 0)):
+        line = f'xpyd_router_kv_event_blocks_total{{deployment="dd",outcome="{outcome}",worker="http://10.0.0.1:8000#dp1"}}'
+        assert f"{line} {n}.0" in text, text
+    views["http://10.0.0.2:8000"] = ViewStats(batches=1)  # read again at the next scrape
+    assert 'worker="http://10.0.0.2:8000"} 1.0' in generate_latest(metrics.registry).decode()
