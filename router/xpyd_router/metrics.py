@@ -110,7 +110,8 @@ class RouterMetrics:
             names.ROUTER_RETRIES, "Hops retried on another worker.", ["deployment", "hop"], registry=r,
         )  # fmt: skip
         self.workers = Gauge(
-            names.ROUTER_WORKERS, "Workers known, by role and state.",
+            names.ROUTER_WORKERS,
+            "Routing targets known (a worker, or each data-parallel rank of a vLLM replica), by role and state.",
             ["deployment", "role", "state"], registry=r,
         )  # fmt: skip
         self.inflight = Gauge(
