@@ -15,6 +15,7 @@ from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.kvevents import INDEX_MODES
 from xpyd_sim.metrics import Slo
 from xpyd_sim.plots import PlotUnavailable, pyplot, write_all
+from xpyd_sim.routing import DP_ROUTINGS
 from xpyd_sim.runner import COMPARE_KINDS, markdown_table, parse_trace, routers, run_one, variants
 from xpyd_sim.scaling import scaler_names
 from xpyd_sim.spec import SpecError, load
@@ -50,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=INDEX_MODES,
         default="own",
         help="what feeds each replica's prefix index: its own routes, the workers' KV events, or both",
+    )
+    p.add_argument(
+        "--dp-routing",
+        choices=DP_ROUTINGS,
+        default="ranks",
+        help="a data-parallel replica: one routing target per rank (the router pins it) or one target"
+        " (vLLM's API server picks the rank by load)",
     )
     p.add_argument("--event-delay", type=float, default=0.05, help="seconds a KV event takes to reach the routers")
     p.add_argument("--peer-sync", type=float, default=0.0, help="router replicas share in-flight counts this often (s)")
@@ -132,6 +140,7 @@ def main(argv: list[str]) -> int:
         peer_sync_s=args.peer_sync,
         cache_tokens=args.cache_tokens,
         autoscaler_targets=targets,
+        dp_routing=args.dp_routing,
     )
     if args.plot:
         try:

@@ -100,6 +100,7 @@ class Cluster:
             token_budget=self.token_budget * ranks,
             max_seqs=self.max_seqs * ranks,
             cache_tokens=self.cache_tokens,
+            ranks=pool.dp,  # one prefix cache per data-parallel rank
         )
         self._next[role] += 1
         self._slots[w.name] = slots

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from xpyd_sim.kvevents import IndexMode
 from xpyd_sim.metrics import Slo
+from xpyd_sim.routing import DpRouting
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,4 @@ class SimConfig:
     cache_tokens: int | None = None  # cap each worker's prefix cache below its free KV (a smaller cache)
     peer_sync_s: float = 0.0  # router replicas exchange their in-flight counts this often (0: never)
     sample_s: float = 10.0  # timeline resolution
+    dp_routing: DpRouting = "ranks"  # a data-parallel replica: one target per rank, or one (its engine picks)

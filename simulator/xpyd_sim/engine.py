@@ -44,7 +44,9 @@ class Simulation:
             cache_tokens=cfg.cache_tokens,
         )
         replicas = max(1, spec.deployment.router.replicas) if cfg.router_replicas is None else cfg.router_replicas
-        self.router = SimRouter(cfg.router, cfg.block_tokens, replicas, cfg.router_index, cfg.event_delay_s)
+        self.router = SimRouter(
+            cfg.router, cfg.block_tokens, replicas, cfg.router_index, cfg.event_delay_s, cfg.dp_routing
+        )
         self.router.set_workers(self.cluster.all_workers())
         first = "worker" if spec.mode == "Colocated" else "prefill"
         self.first_role = first
@@ -153,7 +155,7 @@ class Simulation:
     def _collect(self, w: Worker, now: float) -> None:
         """The worker's cache changes become KV events on their way to the router replicas."""
         bus = self.router.bus
-        if bus is not None and w.cache.events:
+        if bus is not None and any(c.events for c in w.caches):
             due = bus.send(w, now)
             if due is not None:
                 self._push(due, KV_EVENTS)
@@ -181,7 +183,7 @@ class Simulation:
             prefill.routed += 1
             decode.assigned += 1
             target = prefill
-        target.waiting.append(req)
+        target.admit(req)
         self._kick(target, now)
 
     def _step(self, w: Worker, now: float) -> None:
@@ -225,8 +227,10 @@ class Simulation:
             live = [w for w in self.cluster.workers["decode"] if w.state in order]
             dst = min(live, key=lambda w: (order[w.state], w.queued + w.busy, w.index))
             req.decode_worker = dst
-        # only the blocks the decode worker does not hold already cross the link (as vLLM's NIXL pull)
-        local = min(dst.cache.match(req.blocks) * dst.block_tokens, req.prompt_tokens - 1)
+            req.decode_rank = -1  # the new replica's API server picks the rank
+        dst.expect(req)
+        # only the blocks the decode rank does not hold already cross the link (as vLLM's NIXL pull)
+        local = min(dst.caches[req.decode_rank].match(req.blocks) * dst.block_tokens, req.prompt_tokens - 1)
         tokens = req.prompt_tokens - local
         secs, path, nbytes = self.links.handoff(tokens, src.perf, dst.perf, src.domain, dst.domain)  # type: ignore[arg-type]
         start = now
@@ -242,7 +246,7 @@ class Simulation:
         src, dst = req.prefill_worker, req.decode_worker
         assert src is not None
         assert dst is not None
-        src.release(req.kv_reserved)
+        src.release(req.kv_reserved, req.prefill_rank)
         req.kv_reserved = 0
         if src.state == "draining" and src.idle and not src.assigned:
             self._retire(src, now)

@@ -4,6 +4,10 @@ vLLM publishes `BlockStored` / `BlockRemoved` events for every change of its pre
 router that subscribes keeps an index of what each worker really holds. Here every simulated
 worker's `PrefixCache` reports its changes, and the router replicas' indexes receive them all
 `delay_s` later (the publisher's batching plus the network), in the order they happened.
+
+Each rank of a data-parallel replica publishes its own events (vLLM binds rank r's publisher on the
+configured port + r). With rank targets (`per_rank`) they feed that rank's target, `URL#dpR`, as the
+router subscribes; without, they all feed the replica's one target (its index then holds the union).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.targets import target_name
 from xpyd_sim.cache import KvEvent
 from xpyd_sim.worker import Worker
 
@@ -44,10 +49,11 @@ class EventFedIndex(PrefixIndex):
 class EventBus:
     """Collects the workers' cache events and hands them to every replica index after `delay_s`."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, delay_s: float, per_rank: bool = True) -> None:
         if delay_s < 0:
             raise ValueError(f"KV event delay must be >= 0 s, got {delay_s}")
         self.delay_s = delay_s
+        self.per_rank = per_rank  # a data-parallel rank's events feed its own target
         self._queue: deque[tuple[float, str, KvEvent]] = deque()
         self.indexes: list[EventFedIndex] = []
         self.delivered = 0
@@ -55,18 +61,26 @@ class EventBus:
     def watch(self, workers: Iterable[Worker]) -> None:
         """Turn on event reporting for workers not watched yet."""
         for w in workers:
-            if w.cache.events is None:
-                w.cache.events = []
+            for cache in w.caches:
+                if cache.events is None:
+                    cache.events = []
 
     def send(self, w: Worker, now: float) -> float | None:
         """Queue the worker's new events; the time a delivery must be scheduled, when one must be."""
-        events = w.cache.events
-        if not events:
-            return None
         was_empty = not self._queue
-        for event in events:
-            self._queue.append((now, w.name, event))
-        events.clear()
+        sent = False
+        ranked = self.per_rank and len(w.caches) > 1
+        for rank, cache in enumerate(w.caches):
+            events = cache.events
+            if not events:
+                continue
+            name = target_name(w.name, rank) if ranked else w.name
+            for event in events:
+                self._queue.append((now, name, event))
+            events.clear()
+            sent = True
+        if not sent:
+            return None
         if self.delay_s == 0:
             return self.deliver(now)
         return now + self.delay_s if was_empty else None  # else the pending delivery reschedules

@@ -15,6 +15,7 @@ class SimRequest:
         "arrival",
         "blocks",
         "cached_tokens",
+        "decode_rank",
         "decode_worker",
         "direct",
         "finish_step",
@@ -26,6 +27,7 @@ class SimRequest:
         "output_tokens",
         "prefill_done",
         "prefill_end",
+        "prefill_rank",
         "prefill_start",
         "prefill_worker",
         "prompt_tokens",
@@ -43,6 +45,10 @@ class SimRequest:
         self.prefill_worker: Worker | None = None
         self.decode_worker: Worker | None = None
         self.direct = False
+        # the data-parallel rank of each hop's replica: pinned by the router (rank targets), else -1
+        # until the replica's API server picks one (vLLM's load balancing); 0 on a replica of one rank
+        self.prefill_rank = -1
+        self.decode_rank = -1
         self.cached_tokens = 0
         self.prefill_done = 0  # prompt tokens in the KV cache so far (cached + computed)
         self.prefill_start = -1.0

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from xpyd_router.hashing import AFFINITY_BLOCKS, affinity_key
 from xpyd_router.model import RouteRequest
 from xpyd_router.policies import POLICIES, KvAwarePolicy, Policy, make_policy
 from xpyd_router.policy_base import first_hop_blocks
-from xpyd_router.pool import WorkerPool, WorkerSpec
+from xpyd_router.pool import WorkerPool, WorkerSpec, rank_targets
+from xpyd_router.targets import split_target, target_name
 from xpyd_sim.kvevents import EventBus, EventFedIndex, IndexMode
 from xpyd_sim.request import SimRequest
 from xpyd_sim.worker import Worker
 
 ROUTER_BLOCK_TOKENS = 64  # the router hashes 256-character blocks: about 64 tokens at 4 chars/token
 CHARS_PER_TOKEN = 4
+
+# How a data-parallel replica's requests find their rank: `ranks`, the router sees one target per rank
+# (`URL#dpR`, what xpyd's router does for vLLM) and pins it; `engine`, the router sees the replica and
+# its API server picks the rank by load (vLLM's own balancing, what a rank-blind router gets).
+DpRouting = Literal["ranks", "engine"]
+DP_ROUTINGS: tuple[DpRouting, ...] = ("ranks", "engine")
 
 
 def policy_names() -> list[str]:
@@ -31,6 +39,11 @@ class SimRouter:
     fed by its own decisions (`own`, a router without engine events), by the workers' KV events
     delivered to every replica (`events`), or by both (`events+own`).
 
+    With `dp_routing` "ranks" a data-parallel replica is one routing target per rank, expanded by the
+    router's own `rank_targets` (so the names are the product's, `URL#dpR`), each with its rank's
+    cache capacity, load and KV events; the decision pins the request's rank. With "engine" the
+    replica is one target whose capacity is all its ranks' and the simulated replica picks the rank.
+
     The simulator's prefix blocks are `block_tokens` long (512 for Mooncake's hash ids) while the
     router's are ~64 tokens, so the KV-aware policy's block-denominated knobs are rescaled to keep
     their meaning in tokens; every decision is still the router's own code.
@@ -43,14 +56,18 @@ class SimRouter:
         replicas: int = 1,
         index: IndexMode = "own",
         event_delay_s: float = 0.05,
+        dp_routing: DpRouting = "ranks",
     ) -> None:
         if replicas < 1:
             raise ValueError(f"router replicas must be >= 1, got {replicas}")
+        if dp_routing not in DP_ROUTINGS:
+            raise ValueError(f"data-parallel routing must be one of {', '.join(DP_ROUTINGS)}, got {dp_routing!r}")
         self.name = policy
         self.block_tokens = block_tokens
         self.index_mode = index
+        self.per_rank = dp_routing == "ranks"
         self.now = 0.0  # the simulated clock, for peers' rules that age their state
-        self.bus = EventBus(event_delay_s) if index != "own" else None
+        self.bus = EventBus(event_delay_s, self.per_rank) if index != "own" else None
         self.pools = []
         for _ in range(replicas):
             impl = self._policy(policy)
@@ -62,7 +79,7 @@ class SimRouter:
                 self.bus.indexes.append(pool.index)
             self.pools.append(pool)
         self._leading = max(1, AFFINITY_BLOCKS * ROUTER_BLOCK_TOKENS // block_tokens)
-        self._by_name: dict[str, Worker] = {}
+        self._by_name: dict[str, tuple[Worker, int | None]] = {}  # target -> (worker, rank or None)
         self.decisions: dict[str, int] = {}
 
     def _policy(self, name: str) -> Policy:
@@ -77,32 +94,52 @@ class SimRouter:
     def _pool(self, req: SimRequest) -> WorkerPool:
         return self.pools[req.rid % len(self.pools)]
 
+    def target(self, w: Worker, rank: int) -> str:
+        """The routing target that holds `rank` of `w`: the rank's own, or the worker's."""
+        return target_name(w.name, rank) if self.per_rank and w.ranks > 1 else w.name
+
+    def targets(self, w: Worker) -> list[WorkerSpec]:
+        """The routing targets of a worker, as discovery gives them to the router."""
+        spec = WorkerSpec(w.name, "worker" if w.role == "worker" else w.role, w.domain)  # type: ignore[arg-type]
+        return rank_targets(spec, w.ranks) if self.per_rank else [spec]
+
     def set_workers(self, workers: Iterable[Worker]) -> None:
         """Level-based: the routable workers now; the rest drain in the router's pool."""
         every = list(workers)
         live = [w for w in every if w.state == "ready"]
         if self.bus is not None:
             self.bus.watch(every)
+        specs: list[WorkerSpec] = []
+        caps: dict[str, int] = {}
         for w in live:
-            self._by_name[w.name] = w
-        specs = [WorkerSpec(w.name, "worker" if w.role == "worker" else w.role, w.domain) for w in live]  # type: ignore[arg-type]
+            for spec in self.targets(w):
+                rank = split_target(spec.url)[1]
+                self._by_name[spec.url] = (w, rank)
+                caps[spec.url] = sum(c.capacity for c in w.caches) if rank is None else w.caches[rank].capacity
+                specs.append(spec)
         for pool in self.pools:
             pool.set_workers(specs)
-            for w in live:
-                state = pool.workers[w.name]
-                blocks = max(1, w.cache.capacity)
+            for name, cap in caps.items():
+                state = pool.workers[name]
+                blocks = max(1, cap)
                 if state.capacity_blocks != blocks:
                     state.capacity_blocks = blocks
-                    pool.index.set_capacity(w.name, blocks)
+                    pool.index.set_capacity(name, blocks)
 
     def scrape(self) -> None:
-        """What the router's /metrics scrape loop learns: queue, running and KV usage per worker."""
+        """What the router's /metrics scrape loop learns: queue, running and KV usage per target
+        (a rank target: its rank's, as vLLM labels each engine's gauges)."""
         for pool in self.pools:
             for name, state in pool.workers.items():
-                w = self._by_name[name]
-                state.waiting = float(w.queued)
-                state.running = float(w.busy)
-                state.kv_usage = min(1.0, w.kv_usage)
+                w, rank = self._by_name[name]
+                if rank is None:
+                    state.waiting = float(w.queued)
+                    state.running = float(w.busy)
+                    state.kv_usage = min(1.0, w.kv_usage)
+                else:
+                    state.waiting = float(w.rank_queued[rank])
+                    state.running = float(w.rank_busy[rank])
+                    state.kv_usage = min(1.0, w.rank_kv[rank] / w.rank_cap) if w.rank_cap else 1.0
 
     def share_load(self) -> None:
         """Each replica learns the in-flight counts the others have on every worker (load sharing)."""
@@ -120,32 +157,39 @@ class SimRouter:
     def route(self, req: SimRequest) -> tuple[Worker | None, Worker, int]:
         """(prefill worker or None for one hop, decode worker, the prefill hop's counted work).
 
-        The first hop begins now, with the work the proxy counts for it (`prefill_blocks`).
+        The first hop begins now, with the work the proxy counts for it (`prefill_blocks`). A rank
+        target's rank is pinned on the request (`prefill_rank`, `decode_rank`; -1: the replica picks).
         """
         key = affinity_key(req.blocks, str(req.rid), self._leading)
         route = RouteRequest(req.blocks, key, req.prompt_tokens * CHARS_PER_TOKEN)
         pool = self._pool(req)
         plan = pool.route(route)
-        decode = self._by_name[plan.decode.worker]
+        decode, decode_rank = self._by_name[plan.decode.worker]
+        req.decode_rank = -1 if decode_rank is None else decode_rank
         first = plan.prefill or plan.decode
         self.decisions[first.reason] = self.decisions.get(first.reason, 0) + 1
         work = first_hop_blocks(plan, route)
         pool.begin(first.worker, work)
-        return (None if plan.prefill is None else self._by_name[plan.prefill.worker]), decode, work
+        if plan.prefill is None:
+            req.prefill_rank = req.decode_rank
+            return None, decode, work
+        prefill, prefill_rank = self._by_name[plan.prefill.worker]
+        req.prefill_rank = -1 if prefill_rank is None else prefill_rank
+        return prefill, decode, work
 
     def prefill_done(self, req: SimRequest, work: int) -> None:
         """The prefill hop answered: its in-flight count drops, the decode hop begins (the vLLM order)."""
         assert req.prefill_worker is not None
         assert req.decode_worker is not None
         pool = self._pool(req)
-        pool.end(req.prefill_worker.name, work)
-        pool.begin(req.decode_worker.name)
+        pool.end(self.target(req.prefill_worker, req.prefill_rank), work)
+        pool.begin(self.target(req.decode_worker, req.decode_rank))
 
     def first_token(self, req: SimRequest, work: int) -> None:
         """A one-hop request's first token: its prompt is computed, the worker's in-flight work drops."""
         assert req.decode_worker is not None
-        self._pool(req).prefilled(req.decode_worker.name, work)
+        self._pool(req).prefilled(self.target(req.decode_worker, req.decode_rank), work)
 
     def finished(self, req: SimRequest) -> None:
         assert req.decode_worker is not None
-        self._pool(req).end(req.decode_worker.name)
+        self._pool(req).end(self.target(req.decode_worker, req.decode_rank))

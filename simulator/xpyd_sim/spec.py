@@ -40,7 +40,8 @@ class PoolPlan:
     """One pool's starting size and replica shape (its bounds stay in the typed spec).
 
     A replica is one engine of `gpus` GPUs, whatever pods it takes: a multi-node replica (a
-    LeaderWorkerSet group) is simulated as one replica of all its GPUs.
+    LeaderWorkerSet group) is simulated as one replica of all its GPUs. `dp` is its data-parallel
+    ranks (vLLM `--data-parallel-size`), each with its own prefix cache (xpyd_sim.worker).
     """
 
     role: str
@@ -48,6 +49,7 @@ class PoolPlan:
     gpus: int
     tp: int
     expert_parallel: bool = False
+    dp: int = 1
 
 
 def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
@@ -55,7 +57,9 @@ def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
     for role, pool in deployment.pools().items():
         low = pool.autoscaling.min_replicas if pool.autoscaling else 1
         start = pool.replicas if pool.replicas is not None else max(low, 1)
-        out[role] = PoolPlan(role, start, max(1, pool.gpus_per_replica), pool.tp, pool.expert_parallel)
+        out[role] = PoolPlan(
+            role, start, max(1, pool.gpus_per_replica), pool.tp, pool.expert_parallel, max(1, pool.data_parallel_size)
+        )
     return out
 
 

@@ -16,6 +16,12 @@ class Worker:
 
     Decode runs as one event per segment (until the next sequence finishes), not one per token;
     a request arriving mid-segment joins at the next step boundary, as in vLLM's scheduler.
+
+    A data-parallel replica (`ranks` D > 1: one vLLM API server over D engines) keeps one prefix
+    cache per rank, each in 1/D of the replica's KV (a prompt cached on rank 3 does not hit on rank
+    5), and counts each rank's waiting and running requests, which its API server balances on
+    (`pick_rank`). Its steps stay priced as one engine over all ranks (PoolPerf), so only the
+    cache a request meets depends on its rank.
     """
 
     __slots__ = (
@@ -24,7 +30,9 @@ class Worker:
         "assigned",
         "block_tokens",
         "born",
+        "busy_s",
         "cache",
+        "caches",
         "ctx",
         "died",
         "domain",
@@ -40,6 +48,11 @@ class Worker:
         "pending",
         "perf",
         "prefilling",
+        "rank_busy",
+        "rank_cap",
+        "rank_kv",
+        "rank_queued",
+        "ranks",
         "role",
         "routed",
         "running",
@@ -66,6 +79,7 @@ class Worker:
         token_budget: int = 8192,
         max_seqs: int = 256,
         cache_tokens: int | None = None,
+        ranks: int = 1,
     ) -> None:
         self.index = index
         self.name = f"{role}-{index}"
@@ -80,7 +94,13 @@ class Worker:
         self.kv_used = 0
         # the prefix cache lives in the free KV blocks; `cache_tokens` caps it lower (a smaller cache)
         limit = self.kv_cap if cache_tokens is None else min(self.kv_cap, cache_tokens)
-        self.cache = PrefixCache(limit // block_tokens)
+        self.ranks = max(1, ranks)
+        self.caches = [PrefixCache(limit // self.ranks // block_tokens) for _ in range(self.ranks)]
+        self.cache = self.caches[0]  # the replica's cache when it has one rank
+        self.rank_cap = self.kv_cap // self.ranks  # each rank's KV tokens
+        self.rank_kv = [0] * self.ranks  # KV tokens held per rank (they sum to kv_used)
+        self.rank_queued = [0] * self.ranks  # vllm:num_requests_waiting per rank (kept by admit / expect)
+        self.rank_busy = [0] * self.ranks  # vllm:num_requests_running per rank
         self.waiting: deque[SimRequest] = deque()  # prompts to compute here
         self.pending: deque[SimRequest] = deque()  # handed-off requests waiting for a decode slot
         self.running: list[tuple[int, int, SimRequest]] = []  # (finish step, rid, request)
@@ -101,6 +121,7 @@ class Worker:
         self.nic_in = self.nic_out = 0.0  # when the worker's NICs are free for the next handoff
         # prompt tokens queried, hit in the prefix cache, computed; decode tokens emitted
         self.stats = [0, 0, 0, 0]
+        self.busy_s = 0.0  # seconds of steps run (the engine's busy time)
 
     @property
     def idle(self) -> bool:
@@ -120,9 +141,45 @@ class Worker:
     def kv_usage(self) -> float:
         return self.kv_used / self.kv_cap if self.kv_cap else 1.0
 
-    def release(self, tokens: int) -> None:
-        """Free KV held for a prompt whose cache has been handed to a decode worker."""
+    def release(self, tokens: int, rank: int = 0) -> None:
+        """Free KV held on `rank` for a prompt whose cache has been handed to a decode worker."""
         self.kv_used -= tokens
+        self.rank_kv[rank] -= tokens
+
+    def pick_rank(self) -> int:
+        """The rank vLLM's API server sends an unpinned request to: the lowest waiting * 4 + running,
+        the first such from rank 0 (v1/engine/core_client.py DPLBAsyncMPClient, one API server)."""
+        if self.ranks == 1:
+            return 0
+        queued, busy = self.rank_queued, self.rank_busy
+        best, low = 0, queued[0] * 4 + busy[0]
+        for r in range(1, self.ranks):
+            score = queued[r] * 4 + busy[r]
+            if score < low:
+                best, low = r, score
+        return best
+
+    def admit(self, req: SimRequest) -> None:
+        """A prompt to compute here joins the queue, on its pinned rank or the one the engine picks;
+        a one-hop request decodes on the same rank."""
+        if req.prefill_rank < 0:
+            req.prefill_rank = self.pick_rank()
+        if req.direct:
+            req.decode_rank = req.prefill_rank
+        self.rank_queued[req.prefill_rank] += 1
+        self.waiting.append(req)
+
+    def expect(self, req: SimRequest) -> None:
+        """A prefilled request's decode hop arrives (it waits for its KV, as vLLM counts it: waiting):
+        its rank is pinned or picked now; it joins `pending` when the KV is here."""
+        if req.decode_rank < 0:
+            req.decode_rank = self.pick_rank()
+        self.rank_queued[req.decode_rank] += 1
+
+    def _trim(self, rank: int) -> None:
+        """Keep a rank's cache within its free KV blocks."""
+        cache = self.caches[rank]
+        cache.trim(min(cache.capacity, (self.rank_cap - self.rank_kv[rank]) // self.block_tokens))
 
     def interrupt(self, now: float) -> float:
         """Cut a decode segment at the next step boundary so new work joins; new end or -1."""
@@ -145,12 +202,18 @@ class Worker:
             if self.kv_used + req.prompt_tokens + req.output_tokens > self.kv_cap and running:
                 break
             self.pending.popleft()
+            rank = req.decode_rank if req.decode_rank >= 0 else 0
             req.kv_reserved = req.prompt_tokens + req.output_tokens
             self.kv_used += req.kv_reserved
+            self.rank_kv[rank] += req.kv_reserved
+            self.rank_queued[rank] -= 1
+            self.rank_busy[rank] += 1
             heapq.heappush(running, (self.steps + req.output_tokens, req.rid, req))
             self.ctx += req.prompt_tokens
             self._joined.append(req)
-            self.cache.insert(req.blocks)  # the received KV stays as this worker's prefix cache
+            self.caches[rank].insert(req.blocks)  # the received KV stays as this rank's prefix cache
+            if self.ranks > 1:
+                self._trim(rank)
         chunks = self._chunks
         budget = self.token_budget - len(running)
         priced: list[tuple[int, int]] = []
@@ -163,10 +226,14 @@ class Worker:
                     break
                 if req.direct and len(running) + len(chunks) >= self.max_seqs:
                     break
+                rank = req.prefill_rank if req.prefill_rank >= 0 else 0
                 req.kv_reserved = reserve
                 self.kv_used += reserve
-                self.cache.trim(min(self.cache.capacity, (self.kv_cap - self.kv_used) // self.block_tokens))
-                hit = self.cache.match(req.blocks) * self.block_tokens
+                self.rank_kv[rank] += reserve
+                self.rank_queued[rank] -= 1
+                self.rank_busy[rank] += 1
+                self._trim(rank)
+                hit = self.caches[rank].match(req.blocks) * self.block_tokens
                 req.cached_tokens = min(hit, req.prompt_tokens - 1)
                 req.prefill_done = req.cached_tokens
                 req.prefill_start = now
@@ -205,6 +272,7 @@ class Worker:
         computed here for their own answer, which now have a first token, are added to `started`)."""
         running = self.running
         k, batch = self.seg_k, len(running)
+        self.busy_s += self.seg_dt * k
         if batch:
             self.steps += k
             self.ctx += batch * k
@@ -215,7 +283,10 @@ class Worker:
             while running and running[0][0] <= self.steps:
                 req = heapq.heappop(running)[2]
                 req.finished = now
+                rank = req.decode_rank if req.decode_rank >= 0 else 0
                 self.kv_used -= req.kv_reserved
+                self.rank_kv[rank] -= req.kv_reserved
+                self.rank_busy[rank] -= 1
                 self.ctx -= req.prompt_tokens + req.output_tokens
                 done.append(req)
         self._joined.clear()
@@ -227,8 +298,12 @@ class Worker:
             self.waiting.popleft()
             self.prefilling -= 1
             req.prefill_end = now
-            self.cache.insert(req.blocks)
+            rank = req.prefill_rank if req.prefill_rank >= 0 else 0
+            self.caches[rank].insert(req.blocks)
+            if self.ranks > 1:
+                self._trim(rank)
             if not req.direct:
+                self.rank_busy[rank] -= 1
                 handoffs.append(req)
                 continue
             req.first_token = now
@@ -237,10 +312,13 @@ class Worker:
             if req.output_tokens == 1:
                 req.finished = now
                 self.kv_used -= req.kv_reserved
+                self.rank_kv[rank] -= req.kv_reserved
+                self.rank_busy[rank] -= 1
                 done.append(req)
             else:
                 heapq.heappush(running, (self.steps + req.output_tokens - 1, req.rid, req))
                 self.ctx += req.prompt_tokens + 1
         self._chunks.clear()
-        self.cache.trim(min(self.cache.capacity, (self.kv_cap - self.kv_used) // self.block_tokens))
+        if self.ranks == 1:
+            self._trim(0)
         self.end = -1.0

@@ -47,6 +47,7 @@ class _Worker:
     def __init__(self, name: str, events: list[tuple[bool, list[int]]]) -> None:
         self.name = name
         self.cache = _Cache(events)
+        self.caches = [self.cache]  # one rank
 
 
 @pytest.mark.parametrize("own", [False, True], ids=["events", "events+own"])
