@@ -6,6 +6,14 @@ cap (--max-num-seqs); sequences that do not fit wait, which is what `vllm:num_re
 shows. A sequence reserves KV blocks for prompt + max_tokens when admitted. The step then sleeps
 its modelled time divided by the speed-up, on a deadline so timer granularity does not drift.
 An abort takes a sequence out of the queues at once, so the running/waiting gauges are exact.
+
+A vLLM data-parallel replica of D ranks is D engines (vllm/v1/engine/core.py, one EngineCore per
+rank), each with its own scheduler, budgets and KV cache. The emulator steps them together (the
+ranks of a wide replica run in lockstep, the busiest setting the pace) but keeps each sequence on
+one rank: its prefix cache, its blocks, its per-rank token budget (--max-num-batched-tokens) and
+sequence cap (--max-num-seqs), its gauges and counters. A rank whose next waiting sequence cannot
+get blocks stops admitting; the other ranks go on (each vLLM scheduler is first come, first
+served on its own). `pick_rank` is vLLM's internal load balancer over the per-rank counts.
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from xpyd_emulator.dp_routing import least_loaded
 from xpyd_emulator.metrics import EngineMetrics
-from xpyd_emulator.prefix_cache import BlockPool
+from xpyd_emulator.prefix_cache import BlockPool, KvEvent
 from xpyd_perf import GpuSpec, ModelSpec, attention_flops, step_seconds
 from xpyd_perf.timing import group_step_seconds
 from xpyd_perf.topology import Parallelism
@@ -28,7 +37,7 @@ class Sequence:
 
     __slots__ = ("aborted", "arrival", "blocks", "cached", "computed", "done", "event", "first_at",
                  "generated", "hashes", "hold", "last_at", "lease", "matched", "max_tokens", "on_done", "prompt",
-                 "streamed", "tokens")  # fmt: skip
+                 "rank", "streamed", "tokens")  # fmt: skip
 
     def __init__(
         self,
@@ -40,11 +49,13 @@ class Sequence:
         computed: int | None = None,
         hold: bool = False,
         streamed: bool = True,
+        rank: int = 0,
     ) -> None:
         self.prompt = prompt
         self.hashes = hashes
         self.max_tokens = max_tokens
         self.arrival = arrival
+        self.rank = rank  # the data-parallel rank (engine) that serves it
         self.hold = hold  # keep the blocks pinned when done (a lease takes them over)
         self.streamed = streamed  # wake the handler on every token, else only when done
         self.matched = computed is not None  # prefix already resolved (remote prefill)
@@ -71,45 +82,66 @@ class Engine:
         gpu: GpuSpec,
         tp: int,
         pool: BlockPool,
-        metrics: EngineMetrics,
+        metrics: EngineMetrics | list[EngineMetrics],
         *,
         speedup: float = 1.0,
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         parallel: Parallelism | None = None,
         rank_budget: int | None = None,
+        rank_max_seqs: int | None = None,
     ) -> None:
-        self.model, self.gpu, self.tp, self.pool, self.metrics = model, gpu, tp, pool, metrics
+        self.model, self.gpu, self.tp, self.pool = model, gpu, tp, pool
+        self.ranks = pool.ranks  # data-parallel ranks kept apart (1: one engine, or SGLang's whole replica)
+        self.rank_metrics = metrics if isinstance(metrics, list) else [metrics]
+        if len(self.rank_metrics) != self.ranks:
+            raise ValueError(f"{len(self.rank_metrics)} engines' metrics for a pool of {self.ranks} ranks")
+        self.metrics = self.rank_metrics[0]
         self.parallel = parallel  # a data/expert-parallel replica (all its ranks as one engine); None: plain TP
         self.speedup = speedup
         self.budget = max_num_batched_tokens
         self.rank_budget = rank_budget or max_num_batched_tokens  # one sequence's chunk: one rank's budget
         self.max_seqs = max_num_seqs
+        self.rank_max_seqs = rank_max_seqs or max(1, max_num_seqs // self.ranks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.pulling = 0  # decodes fetching remote KV before they queue (vLLM counts them as waiting)
+        self.waiting_on = [0] * self.ranks  # per rank: queued sequences
+        self.running_on = [0] * self.ranks  # per rank: scheduled sequences
+        self.pulling = [0] * self.ranks  # per rank: decodes fetching remote KV (vLLM counts them as waiting)
         self.progress = 0.0  # loop time of the last step, or of the last moment with nothing to do
         self._wake = asyncio.Event()
         self._deadline = 0.0
         self._attn_coef = 4.0 * model.layers * model.q_heads * model.attn_head_dim
-        self.on_events: Callable[[list[Any]], None] | None = None  # a step's KV events (vLLM publishes per step)
+        # A step's KV events of one rank, (rank, events): vLLM's schedulers publish per step, per rank.
+        self.on_events: Callable[[int, list[KvEvent]], None] | None = None
 
     def flush_events(self) -> None:
-        """Hand the pool's recorded KV events to the publisher, one batch per step."""
-        if self.on_events is not None and (events := self.pool.take_events()):
-            self.on_events(events)
+        """Hand each rank's recorded KV events to its publisher, one batch per rank per step."""
+        if self.on_events is None:
+            return
+        for rank in range(self.ranks):
+            if events := self.pool.take_events(rank):
+                self.on_events(rank, events)
 
     def gauges(self) -> None:
-        """Refresh vllm:num_requests_running / _waiting / kv_cache_usage_perc from the queues."""
-        m = self.metrics
-        m.running = len(self.running)
-        m.waiting = len(self.waiting) + self.pulling
-        m.kv_usage = self.pool.usage
+        """Refresh each rank's vllm:num_requests_running / _waiting / kv_cache_usage_perc from the queues."""
+        for rank, m in enumerate(self.rank_metrics):
+            m.running = self.running_on[rank]
+            m.waiting = self.waiting_on[rank] + self.pulling[rank]
+            m.kv_usage = self.pool.rank_usage(rank)
+
+    def pick_rank(self) -> int:
+        """The rank vLLM's internal load balancer sends a request without a rank to."""
+        if self.ranks == 1:
+            return 0
+        waiting = [w + p for w, p in zip(self.waiting_on, self.pulling, strict=True)]
+        return least_loaded(waiting, self.running_on)
 
     def submit(self, seq: Sequence) -> None:
         if not self.running and not self.waiting:  # work starts now: the stall clock too
             self.progress = asyncio.get_running_loop().time()
         self.waiting.append(seq)
+        self.waiting_on[seq.rank] += 1
         self.gauges()
         self._wake.set()
 
@@ -120,11 +152,13 @@ class Engine:
         seq.aborted = seq.done = True
         if seq in self.running:
             self.running.remove(seq)
+            self.running_on[seq.rank] -= 1
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.pool.unpin(seq.blocks)
+            self.waiting_on[seq.rank] -= 1
+        self.pool.unpin(seq.blocks, seq.rank)
         seq.blocks = 0
-        self.metrics.success["abort"] += 1
+        self.rank_metrics[seq.rank].success["abort"] += 1
         seq.event.set()
         self.gauges()
         self._wake.set()
@@ -140,22 +174,23 @@ class Engine:
 
     def _match(self, seq: Sequence) -> None:
         pool = self.pool
-        hits = pool.match(seq.hashes)
+        hits = pool.match(seq.hashes, seq.rank)
         seq.cached = seq.computed = min(hits * pool.block_size, seq.prompt - 1)
         seq.matched = True
-        self.metrics.prefix_queries += seq.prompt
-        self.metrics.prefix_hits += seq.cached
+        m = self.rank_metrics[seq.rank]
+        m.prefix_queries += seq.prompt
+        m.prefix_hits += seq.cached
 
     def instant(self, seq: Sequence, now: float) -> None:
         """Zero-delay mode: account a whole request at once (prefix cache, metrics), no scheduling."""
         if not seq.matched:
             self._match(seq)
-        self.pool.insert(seq.hashes, seq.tokens)
+        self.pool.insert(seq.hashes, seq.tokens, seq.rank)
         self.flush_events()
         if seq.hold:
             seq.blocks = self.pool.blocks_for(seq.prompt)
-            self.pool.pinned += seq.blocks
-        m = self.metrics
+            self.pool.pin(seq.blocks, seq.rank)
+        m = self.rank_metrics[seq.rank]
         m.prompt_tokens += seq.prompt
         m.generation_tokens += seq.max_tokens
         for hist, times in ((m.ttft, 1), (m.itl, seq.max_tokens - 1), (m.e2e, 1), (m.queue, 1)):
@@ -170,6 +205,9 @@ class Engine:
     def schedule(self, now: float) -> tuple[list[Sequence], list[tuple[Sequence, int]], float]:
         """Pick this step's decodes and prefill chunks; returns them and the step's modelled time."""
         budget, largest = self.budget, 0
+        # Data-parallel ranks: each has its own token budget (and sequence cap), as each vLLM
+        # scheduler does; None with one rank, where the replica-wide budget is the whole story.
+        left = [self.rank_budget] * self.ranks if self.ranks > 1 else None
         decodes: list[Sequence] = []
         chunks: list[tuple[Sequence, int]] = []
         attn = 0.0
@@ -181,33 +219,62 @@ class Engine:
                 attn += self._attn_coef * ctx
                 kv_read += ctx
                 budget -= 1
-            elif budget > 0:
-                n = min(seq.prompt - seq.computed, budget, self.rank_budget)
+                if left is not None:
+                    left[seq.rank] -= 1
+            elif budget > 0 and (left is None or left[seq.rank] > 0):
+                n = min(seq.prompt - seq.computed, budget, self.rank_budget if left is None else left[seq.rank])
                 chunks.append((seq, n))
                 largest = max(largest, n)
                 attn += attention_flops(self.model, seq.computed, seq.computed + n)
                 kv_read += seq.computed + n
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
-            seq = self.waiting[0]
+                if left is not None:
+                    left[seq.rank] -= n
+        waiting, i = self.waiting, 0
+        blocked: set[int] = set()  # ranks that admit nothing more this step
+        while i < len(waiting) and budget > 0 and len(self.running) < self.max_seqs:
+            seq = waiting[i]
+            rank = seq.rank
+            if rank in blocked:
+                i += 1
+                continue
+            if left is not None and (left[rank] <= 0 or self.running_on[rank] >= self.rank_max_seqs):
+                blocked.add(rank)
+                if len(blocked) == self.ranks:
+                    break
+                i += 1
+                continue
             if not seq.matched:
                 self._match(seq)
             need = self.pool.blocks_for(seq.prompt + seq.max_tokens)
-            if not self.pool.try_pin(need):
-                break
-            self.waiting.popleft()
+            if not self.pool.try_pin(need, rank):
+                blocked.add(rank)  # this rank serves its queue in order: it waits for blocks
+                if left is None or len(blocked) == self.ranks:
+                    break
+                i += 1
+                continue
+            if i == 0:
+                waiting.popleft()
+            else:
+                del waiting[i]
+            self.waiting_on[rank] -= 1
+            self.running_on[rank] += 1
             seq.blocks = need
             self.running.append(seq)
-            self.metrics.queue.observe(now - seq.arrival)
-            n = min(seq.prompt - seq.computed, budget, self.rank_budget)
+            self.rank_metrics[rank].queue.observe(now - seq.arrival)
+            n = min(seq.prompt - seq.computed, budget, self.rank_budget if left is None else left[rank])
             chunks.append((seq, n))
             largest = max(largest, n)
             attn += attention_flops(self.model, seq.computed, seq.computed + n)
             kv_read += seq.computed + n
             budget -= n
+            if left is not None:
+                left[rank] -= n
         tokens = self.budget - budget
         if self.parallel is not None:  # a sequence lives on one data-parallel rank: the busiest sets the pace
             busiest = max(-(-tokens // max(1, self.parallel.dp)), largest)
+            if left is not None:
+                busiest = max(busiest, self.rank_budget - min(left))
             seconds = group_step_seconds(self.model, self.gpu, self.parallel, tokens=tokens, attn_flops=attn,
                                          kv_tokens_read=kv_read, busiest=busiest)  # fmt: skip
         else:
@@ -217,14 +284,15 @@ class Engine:
         return decodes, chunks, seconds
 
     def apply(self, decodes: list[Sequence], chunks: list[tuple[Sequence, int]], now: float) -> None:
-        m = self.metrics
+        by_rank = self.rank_metrics
         finished = False
         for seq, n in chunks:
             if seq.aborted:  # aborted while its step ran
                 continue
             seq.computed += n
             if seq.computed >= seq.prompt:
-                self.pool.insert(seq.hashes, seq.tokens)
+                m = by_rank[seq.rank]
+                self.pool.insert(seq.hashes, seq.tokens, seq.rank)
                 m.prompt_tokens += seq.prompt
                 m.ttft.observe(now - seq.arrival)
                 seq.first_at = seq.last_at = now
@@ -234,6 +302,7 @@ class Engine:
         for seq in decodes:
             if seq.aborted:
                 continue
+            m = by_rank[seq.rank]
             seq.generated += 1
             m.generation_tokens += 1
             m.itl.observe(now - seq.last_at)
@@ -252,13 +321,14 @@ class Engine:
             return False
         seq.event.set()
         seq.done = True
+        self.running_on[seq.rank] -= 1
         if not seq.hold:
-            self.pool.unpin(seq.blocks)
+            self.pool.unpin(seq.blocks, seq.rank)
         else:  # keep only the prompt's blocks for the lease
             keep = self.pool.blocks_for(seq.prompt)
-            self.pool.unpin(seq.blocks - keep)
+            self.pool.unpin(seq.blocks - keep, seq.rank)
             seq.blocks = keep
-        self.metrics.e2e.observe(now - seq.arrival)
+        self.rank_metrics[seq.rank].e2e.observe(now - seq.arrival)
         if seq.on_done is not None:
             seq.on_done()
         return True

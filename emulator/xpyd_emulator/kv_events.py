@@ -3,12 +3,16 @@
 vLLM publishes when `enable_kv_cache_events` is true and `publisher` is not "null" (it defaults
 to "zmq" then); SGLang publishes when `publisher` is "zmq" and ignores keys it does not know.
 vLLM rejects unknown keys; so does the emulator in vLLM mode, naming them.
+
+With data parallel, each rank's scheduler publishes on its own sockets: vLLM adds the global rank
+to the port of both endpoints (distributed/kv_events.py `ZmqEventPublisher.offset_endpoint_port`:
+tcp ports + rank, inproc names + "_dp<rank>", rank 0 unchanged, any other transport refused).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from xpyd_emulator.errors import CommandLineError
 
@@ -34,10 +38,29 @@ class KvEventsConfig:
         """vLLM binds `tcp://*:PORT`; the emulator binds the same port on its own host only."""
         return endpoint.replace("*", host, 1) if endpoint.startswith("tcp://*") else endpoint
 
+    def for_rank(self, rank: int) -> KvEventsConfig:
+        """The config data-parallel rank `rank` publishes with (its endpoints offset); ValueError as vLLM."""
+        if rank == 0:
+            return self
+        replay = None if self.replay_endpoint is None else offset_endpoint(self.replay_endpoint, rank)
+        return replace(self, endpoint=offset_endpoint(self.endpoint, rank), replay_endpoint=replay)
+
     @staticmethod
     def binds(endpoint: str) -> bool:
         """vLLM's rule: bind when the address is a wildcard or local transport, else connect to it."""
         return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """`endpoint` for data-parallel rank `rank`: vLLM's offset_endpoint_port rule (ValueError for ipc)."""
+    if rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{rank}"
+    if "tcp" in endpoint:
+        head, sep, port = endpoint.rpartition(":")
+        return f"{head}:{int(port) + rank}" if sep else endpoint
+    raise ValueError(f"KV events endpoint {endpoint!r} cannot be offset per data-parallel rank (tcp or inproc only)")
 
 
 def parse_kv_events(text: str, engine: str) -> KvEventsConfig | None:

@@ -10,6 +10,10 @@ big-endian counter from 0, payload a msgpack `KVEventBatch` encoded by msgspec w
 start_seq on, then [identity, "", -1 (8 bytes, signed), ""]. vLLM sends one BlockStored per
 newly cached run of a request (hashes chained through parent_block_hash) and one BlockRemoved per
 evicted block; SGLang one BlockStored per page. Like vLLM, a thread encodes and sends.
+
+A data-parallel rank r publishes on its own sockets, the endpoints' ports + r (KvEventsConfig
+.for_rank), every batch carrying data_parallel_rank r and its own sequence numbers from 0, as
+each vLLM scheduler creates its own ZmqEventPublisher with its global rank.
 """
 
 from __future__ import annotations
@@ -94,8 +98,14 @@ def to_wire(events: list[KvEvent], block_size: int, per_page: bool) -> list[Wire
 class ZmqPublisher:
     """PUB + ROUTER sockets with a replay buffer of the last `buffer_steps` batches."""
 
-    def __init__(self, config: KvEventsConfig, host: str, block_size: int, per_page: bool = False) -> None:
-        self.block_size, self.per_page = block_size, per_page
+    def __init__(
+        self, config: KvEventsConfig, host: str, block_size: int, per_page: bool = False, rank: int = 0
+    ) -> None:
+        self.block_size, self.per_page, self.rank = block_size, per_page, rank
+        try:
+            config = config.for_rank(rank)
+        except ValueError as exc:
+            raise OSError(f"KV events endpoint: {exc}") from None
         self.dropped = 0
         self._queue: queue.Queue[tuple[float, list[KvEvent]] | None] = queue.Queue(config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
@@ -141,7 +151,7 @@ class ZmqPublisher:
                 break
             ts, events = item
             try:
-                payload = encode(KVEventBatch(ts, to_wire(events, self.block_size, self.per_page), 0))
+                payload = encode(KVEventBatch(ts, to_wire(events, self.block_size, self.per_page), self.rank))
                 seq = next(self._seq)
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
                 self._buffer.append((seq, payload))

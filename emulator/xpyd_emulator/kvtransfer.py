@@ -33,6 +33,7 @@ class Lease:
     blocks: int
     tokens: int
     expires: float
+    rank: int = 0  # the data-parallel rank whose blocks it holds
 
 
 class LeaseTable:
@@ -49,11 +50,11 @@ class LeaseTable:
     def __len__(self) -> int:
         return len(self._leases)
 
-    def grant(self, blocks: int, tokens: int, now: float) -> list[int]:
-        """Lease `blocks` already-pinned blocks; returns their ids."""
+    def grant(self, blocks: int, tokens: int, now: float, rank: int = 0) -> list[int]:
+        """Lease `blocks` blocks already pinned on `rank`; returns their ids."""
         first = self._next if self._next + blocks <= _ID_SPACE else 0
         self._next = first + blocks
-        self._leases[first] = Lease(first, blocks, tokens, now + self.lease_seconds)
+        self._leases[first] = Lease(first, blocks, tokens, now + self.lease_seconds, rank)
         return list(range(first, first + blocks))
 
     def release(self, engine_id: object, block_ids: object) -> Lease:
@@ -72,7 +73,7 @@ class LeaseTable:
         """Free a lease at once (its prefill's client went away before reading the block ids)."""
         lease = self._leases.pop(first_block, None)
         if lease is not None:
-            self.pool.unpin(lease.blocks)
+            self.pool.unpin(lease.blocks, lease.rank)
         return lease
 
     def expire(self, now: float) -> int:

@@ -5,6 +5,9 @@ and `/health_generate` on --port once their schedulers are up (SGLang 0.5's
 launch_dummy_health_check_server), so the emulator does the same after joining. The process exits 1
 when it cannot join within `--join-timeout`, when the leader refuses it, or when the leader's
 connection drops or falls silent for `--heartbeat-timeout`; 0 on SIGTERM or a leader's goodbye.
+
+A vLLM data-parallel member with `--kv-events-config` serves its ranks' KV events once joined
+(kv_relay.py): the leader models every rank, the member republishes its own on its own address.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from aiohttp import web
 
 from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.httpguard import GuardedSite, Limits, connection_cap, guard_middleware
-from xpyd_emulator.ranks import Identity, RankExit, join_leader, stay_joined
+from xpyd_emulator.kv_relay import KvEventRelay, relayed
+from xpyd_emulator.ranks import Identity, RankExit, join_leader, resolve, stay_joined
 
 log = logging.getLogger("xpyd.emulator")
 
@@ -49,6 +53,28 @@ async def _dummy_health(cfg: EmulatorConfig) -> web.AppRunner:
         await runner.cleanup()
         raise
     return runner
+
+
+def hosted_ranks(cfg: EmulatorConfig) -> range:
+    """The vLLM data-parallel ranks this pod hosts: `--data-parallel-size-local` from its start rank."""
+    group, dp = cfg.group, cfg.layout.dp
+    if cfg.engine != "vllm" or dp == 1:
+        return range(0)  # SGLang, or tensor/pipeline parallel over nodes: the leader's one engine publishes
+    local = dp // group.nodes
+    return range(group.rank * local, (group.rank + 1) * local)
+
+
+def start_relay(cfg: EmulatorConfig, env: Mapping[str, str]) -> KvEventRelay | None:
+    """Relay this member's ranks' KV events from the leader, when it has ranks and events bind (OSError)."""
+    events, ranks = cfg.kv_events, hosted_ranks(cfg)
+    if events is None or not cfg.enable_prefix_caching or not ranks or not relayed(events.endpoint):
+        return None
+    leader = resolve(cfg.group.leader_host, env)
+    if leader == cfg.host:  # one address for both pods: the leader's sockets already answer there
+        return None
+    relay = KvEventRelay(events, ranks, leader, cfg.host)
+    log.info("relaying the KV events of ranks %d..%d from %s", ranks[0], ranks[-1], leader)
+    return relay
 
 
 async def _first(work: asyncio.Task[RankExit], stop: asyncio.Event) -> RankExit | None:
@@ -88,6 +114,7 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
         return RankExit("joined", 0)
 
     runner: web.AppRunner | None = None
+    relay: KvEventRelay | None = None
     try:
         ended = await _first(asyncio.create_task(join()), stop)
         if ended is None:
@@ -96,6 +123,7 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
         if link is None:
             return _report(ended)
         log.info("rank %d joined its leader", group.rank)
+        relay = start_relay(cfg, env)
         if cfg.engine == "sglang":
             runner = await _dummy_health(cfg)
         ended = await _first(asyncio.create_task(stay_joined(*link, cfg.heartbeat_timeout)), stop)
@@ -106,6 +134,8 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
     finally:
         if link is not None:
             link[1].close()
+        if relay is not None:
+            await asyncio.to_thread(relay.close)
         if runner is not None:
             await runner.cleanup()
         with contextlib.suppress(NotImplementedError, RuntimeError):

@@ -2,6 +2,12 @@
 
 Hand-rolled rather than prometheus_client: an observation is a bisect and two additions, which
 keeps the per-token cost of streaming small. Every sample carries `model_name` and `engine`.
+
+A data-parallel replica's API server reports every engine (rank) it drives, each sample labelled
+`engine="<rank>"`: gauges, counters, histograms and the cache config alike (vLLM's
+v1/metrics/loggers.py PrometheusStatLogger, one child per entry of `engine_indexes`). One
+EngineMetrics holds one engine's figures; `render_engines` writes a family once with every
+engine's samples, as prometheus_client does.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ class Histogram:
 class EngineMetrics:
     """The counters, gauges and histograms one emulated engine exposes at /metrics."""
 
-    def __init__(self, model_name: str, block_size: int, num_gpu_blocks: int) -> None:
-        self.labels = f'engine="0",model_name="{model_name}"'
+    def __init__(self, model_name: str, block_size: int, num_gpu_blocks: int, engine: int = 0) -> None:
+        self.labels = f'engine="{engine}",model_name="{model_name}"'
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
         self.waiting = 0
@@ -67,52 +73,51 @@ class EngineMetrics:
         self.queue = Histogram(LATENCY_BUCKETS)
 
     def render(self) -> str:
-        lb = self.labels
-        out: list[str] = []
+        return render_engines([self])
 
-        def scalar(name: str, kind: str, help_: str, value: float) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            out.append(f"{name}{{{lb}}} {value}")
 
-        scalar(
-            names.RUNNING,
-            "gauge",
-            "Number of requests in model execution batches.",
-            self.running,
-        )
-        scalar(names.WAITING, "gauge", "Number of requests waiting to be processed.", self.waiting)
-        scalar(names.KV_USAGE, "gauge", "KV-cache usage. 1 means 100 percent usage.", self.kv_usage)
-        scalar(
-            names.PREFIX_QUERIES,
-            "counter",
-            "Prefix cache queries, in tokens.",
-            self.prefix_queries,
-        )
-        scalar(names.PREFIX_HITS, "counter", "Prefix cache hits, in tokens.", self.prefix_hits)
-        scalar(names.PROMPT_TOKENS, "counter", "Number of prefill tokens processed.", self.prompt_tokens)
-        scalar(names.GENERATION_TOKENS, "counter", "Number of generation tokens.", self.generation_tokens)
-        scalar(names.PREEMPTIONS, "counter", "Cumulative number of preemptions.", self.preemptions)
-        scalar(names.EMULATOR_PREFIX_INDEX_BLOCKS, "gauge", "Blocks in the emulator's prefix index.",
-               self.index_blocks)  # fmt: skip
-        out.append(f"# HELP {names.REQUEST_SUCCESS} Count of successfully processed requests.")
-        out.append(f"# TYPE {names.REQUEST_SUCCESS} counter")
-        for reason, n in self.success.items():
-            out.append(f'{names.REQUEST_SUCCESS}{{{lb},finished_reason="{reason}"}} {n}')
-        out.append(f"# HELP {names.CACHE_CONFIG} Information of the LLMEngine CacheConfig")
-        out.append(f"# TYPE {names.CACHE_CONFIG} gauge")
+def render_engines(engines: list[EngineMetrics]) -> str:
+    """The text exposition of every engine's metrics, each family once (engines in rank order)."""
+    out: list[str] = []
+
+    def scalar(name: str, kind: str, help_: str, values: list[float]) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        for m, value in zip(engines, values, strict=True):
+            out.append(f"{name}{{{m.labels}}} {value}")
+
+    scalar(names.RUNNING, "gauge", "Number of requests in model execution batches.", [m.running for m in engines])
+    scalar(names.WAITING, "gauge", "Number of requests waiting to be processed.", [m.waiting for m in engines])
+    scalar(names.KV_USAGE, "gauge", "KV-cache usage. 1 means 100 percent usage.", [m.kv_usage for m in engines])
+    scalar(names.PREFIX_QUERIES, "counter", "Prefix cache queries, in tokens.", [m.prefix_queries for m in engines])
+    scalar(names.PREFIX_HITS, "counter", "Prefix cache hits, in tokens.", [m.prefix_hits for m in engines])
+    scalar(names.PROMPT_TOKENS, "counter", "Number of prefill tokens processed.", [m.prompt_tokens for m in engines])
+    scalar(names.GENERATION_TOKENS, "counter", "Number of generation tokens.", [m.generation_tokens for m in engines])
+    scalar(names.PREEMPTIONS, "counter", "Cumulative number of preemptions.", [m.preemptions for m in engines])
+    scalar(names.EMULATOR_PREFIX_INDEX_BLOCKS, "gauge", "Blocks in the emulator's prefix index.",
+           [m.index_blocks for m in engines])  # fmt: skip
+    out.append(f"# HELP {names.REQUEST_SUCCESS} Count of successfully processed requests.")
+    out.append(f"# TYPE {names.REQUEST_SUCCESS} counter")
+    for m in engines:
+        for reason, n in m.success.items():
+            out.append(f'{names.REQUEST_SUCCESS}{{{m.labels},finished_reason="{reason}"}} {n}')
+    out.append(f"# HELP {names.CACHE_CONFIG} Information of the LLMEngine CacheConfig")
+    out.append(f"# TYPE {names.CACHE_CONFIG} gauge")
+    for m in engines:
         out.append(
-            f'{names.CACHE_CONFIG}{{{lb},block_size="{self.block_size}",'
-            f'enable_prefix_caching="True",num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0'
+            f'{names.CACHE_CONFIG}{{{m.labels},block_size="{m.block_size}",'
+            f'enable_prefix_caching="True",num_gpu_blocks="{m.num_gpu_blocks}"}} 1.0'
         )
-        for name, hist, help_ in (
-            (names.TTFT, self.ttft, "Histogram of time to first token in seconds."),
-            (names.ITL, self.itl, "Histogram of inter-token latency in seconds."),
-            (names.E2E, self.e2e, "Histogram of e2e request latency in seconds."),
-            (names.QUEUE_TIME, self.queue, "Histogram of time spent in WAITING phase."),
-        ):
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} histogram")
-            hist.render(name, lb, out)
-        out.append("")
-        return "\n".join(out)
+    for name, attr, help_ in (
+        (names.TTFT, "ttft", "Histogram of time to first token in seconds."),
+        (names.ITL, "itl", "Histogram of inter-token latency in seconds."),
+        (names.E2E, "e2e", "Histogram of e2e request latency in seconds."),
+        (names.QUEUE_TIME, "queue", "Histogram of time spent in WAITING phase."),
+    ):
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} histogram")
+        for m in engines:
+            hist: Histogram = getattr(m, attr)
+            hist.render(name, m.labels, out)
+    out.append("")
+    return "\n".join(out)

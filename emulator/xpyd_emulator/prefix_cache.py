@@ -1,4 +1,4 @@
-"""The KV block pool: how many blocks are pinned, and an LRU index of cached prefix blocks.
+"""The KV block pool: how many blocks are pinned, and an LRU index of cached prefix blocks, per rank.
 
 The index is a plain dict from chained block hash to None kept in recency order (a touch
 re-inserts the key at the end) and trimmed from the front in batches of 1/64 of its capacity,
@@ -6,11 +6,16 @@ an approximate LRU that costs about 70 bytes a block (an OrderedDict costs twice
 full index of 556k DeepSeek-V3 blocks stays well under 100 MB RSS. Pinned blocks (running
 requests, leased prefill results) count against the pool; cached ones are evictable.
 
+A vLLM data-parallel replica of D ranks runs D EngineCores, each with its own KV cache and prefix
+cache (vllm/v1/engine/core.py, one per rank): the pool then keeps D indexes and D pinned counts,
+each rank holding `num_blocks // D` blocks, and a prompt cached on rank 3 does not hit on rank 5.
+Every method takes the rank (default 0); with one rank the pool is the plain single-engine pool.
+
 A prompt's blocks are touched tail first, as vLLM frees a request's blocks in reverse order:
 the LRU end then holds the tails of old prompts, so eviction shortens a cached prefix instead
-of cutting its head (which would leave the rest unreachable). With `events` set, every change
-is recorded as vLLM's KV events report it: ("stored", hashes, parent, token ids) for the blocks
-a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
+of cutting its head (which would leave the rest unreachable). With events recorded, every change
+is kept per rank as vLLM's KV events report it: ("stored", hashes, parent, token ids) for the
+blocks a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
 """
 
 from __future__ import annotations
@@ -22,22 +27,49 @@ KvEvent = tuple[Any, ...]
 
 
 class BlockPool:
-    """Block accounting for one engine: pinned blocks plus an LRU prefix-cache index."""
+    """Block accounting for one engine (or one per data-parallel rank): pinned blocks plus LRU indexes."""
 
-    __slots__ = ("_batch", "_index", "block_size", "enabled", "events", "evictions", "num_blocks", "pinned")
+    __slots__ = ("_batch", "_events", "_indexes", "_pinned", "block_size", "enabled", "evictions", "num_blocks",
+                 "rank_blocks", "ranks")  # fmt: skip
 
-    def __init__(self, num_blocks: int, block_size: int, enabled: bool = True) -> None:
-        self.num_blocks = max(1, num_blocks)
+    def __init__(self, num_blocks: int, block_size: int, enabled: bool = True, ranks: int = 1) -> None:
+        self.ranks = max(1, ranks)
+        self.num_blocks = max(self.ranks, num_blocks)  # the whole replica's
+        self.rank_blocks = self.num_blocks // self.ranks  # one rank's KV cache
         self.block_size = block_size
         self.enabled = enabled
-        self.pinned = 0
         self.evictions = 0
-        self.events: list[KvEvent] | None = None  # a list when KV events are published
-        self._batch = max(1, self.num_blocks // 64)
-        self._index: dict[int, None] = {}
+        self._pinned = [0] * self.ranks
+        self._events: list[list[KvEvent]] | None = None  # per rank, when KV events are published
+        self._batch = max(1, self.rank_blocks // 64)
+        self._indexes: list[dict[int, None]] = [{} for _ in range(self.ranks)]
 
     def __len__(self) -> int:
-        return len(self._index)
+        return sum(map(len, self._indexes))
+
+    def cached(self, rank: int) -> int:
+        """Blocks in one rank's prefix index."""
+        return len(self._indexes[rank])
+
+    @property
+    def events(self) -> list[KvEvent] | None:
+        """Rank 0's recorded events (a list when KV events are published); set [] to start recording."""
+        return None if self._events is None else self._events[0]
+
+    @events.setter
+    def events(self, value: list[KvEvent] | None) -> None:
+        self._events = None if value is None else [value, *([] for _ in range(self.ranks - 1))]
+
+    def record_events(self) -> None:
+        """Start recording every rank's KV events."""
+        self._events = [[] for _ in range(self.ranks)]
+
+    @property
+    def pinned(self) -> int:
+        return sum(self._pinned)
+
+    def pinned_on(self, rank: int) -> int:
+        return self._pinned[rank]
 
     @property
     def free(self) -> int:
@@ -45,17 +77,21 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Share of blocks pinned (vllm:kv_cache_usage_perc, 0-1)."""
+        """Share of the replica's blocks pinned (vllm:kv_cache_usage_perc, 0-1)."""
         return min(1.0, self.pinned / self.num_blocks)
+
+    def rank_usage(self, rank: int) -> float:
+        """Share of one rank's blocks pinned (its engine's vllm:kv_cache_usage_perc)."""
+        return min(1.0, self._pinned[rank] / self.rank_blocks)
 
     def blocks_for(self, tokens: int) -> int:
         return (tokens + self.block_size - 1) // self.block_size
 
-    def match(self, hashes: list[int]) -> int:
-        """Number of leading blocks of a prompt already cached; touches them (most recent, head last)."""
+    def match(self, hashes: list[int], rank: int = 0) -> int:
+        """Number of leading blocks of a prompt already cached on `rank`; touches them (most recent, head last)."""
         if not self.enabled:
             return 0
-        index = self._index
+        index = self._indexes[rank]
         hits = 0
         for h in hashes:
             if h not in index:
@@ -66,52 +102,61 @@ class BlockPool:
             index[h] = None
         return hits
 
-    def insert(self, hashes: list[int], tokens: Any = None) -> None:
-        """Record a computed prompt's blocks as cached, evicting the least recently used.
+    def insert(self, hashes: list[int], tokens: Any = None, rank: int = 0) -> None:
+        """Record a computed prompt's blocks as cached on `rank`, evicting its least recently used.
 
         `tokens` (the prompt's token ids) only feeds the "stored" event."""
         if not self.enabled:
             return
-        index = self._index
-        if self.events is not None:
+        index = self._indexes[rank]
+        events = None if self._events is None else self._events[rank]
+        if events is not None:
             first = next((i for i, h in enumerate(hashes) if h not in index), len(hashes))
             if first < len(hashes):
                 size = self.block_size
                 ids = [] if tokens is None else tokens[first * size : len(hashes) * size]
-                self.events.append(("stored", hashes[first:], hashes[first - 1] if first else None, ids))
+                events.append(("stored", hashes[first:], hashes[first - 1] if first else None, ids))
         for h in reversed(hashes):
             if h in index:
                 del index[h]
             index[h] = None
-        overflow = len(index) - self.num_blocks
+        overflow = len(index) - self.rank_blocks
         if overflow > 0:
             victims = list(islice(index, max(overflow, min(self._batch, len(index)))))
             for h in victims:
                 del index[h]
             self.evictions += len(victims)
-            if self.events is not None:
-                self.events.extend(("removed", [h]) for h in victims)
+            if events is not None:
+                events.extend(("removed", [h]) for h in victims)
 
-    def take_events(self) -> list[KvEvent]:
-        """The events recorded since the last call (empty when none or when events are off)."""
-        events = self.events
+    def take_events(self, rank: int = 0) -> list[KvEvent]:
+        """`rank`'s events recorded since the last call (empty when none or when events are off)."""
+        if self._events is None:
+            return []
+        events = self._events[rank]
         if not events:
             return []
-        self.events = []
+        self._events[rank] = []
         return events
 
-    def try_pin(self, blocks: int) -> bool:
-        """Pin `blocks` blocks if the pool has them free."""
-        if blocks > self.free:
+    def try_pin(self, blocks: int, rank: int = 0) -> bool:
+        """Pin `blocks` blocks on `rank` if it has them free."""
+        if blocks > self.rank_blocks - self._pinned[rank]:
             return False
-        self.pinned += blocks
+        self._pinned[rank] += blocks
         return True
 
-    def unpin(self, blocks: int) -> None:
-        self.pinned = max(0, self.pinned - blocks)
+    def pin(self, blocks: int, rank: int = 0) -> None:
+        """Pin blocks unconditionally (zero-delay mode accounts a lease without scheduling)."""
+        self._pinned[rank] += blocks
+
+    def unpin(self, blocks: int, rank: int = 0) -> None:
+        self._pinned[rank] = max(0, self._pinned[rank] - blocks)
 
     def reset(self) -> None:
-        """Drop the whole prefix index (vLLM's /reset_prefix_cache)."""
-        self._index.clear()
-        if self.events is not None:
-            self.events.append(("cleared",))
+        """Drop every rank's prefix index (vLLM's /reset_prefix_cache resets each engine's)."""
+        for index in self._indexes:
+            index.clear()
+        if self._events is not None:
+            for events in self._events:
+                events.append(("cleared",))

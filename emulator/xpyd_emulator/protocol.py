@@ -44,6 +44,7 @@ class ParsedRequest:
     created: int
     bootstrap: Bootstrap | None = None  # SGLang bootstrap_host/port/room
     tokens: Ids | None = None  # the prompt's token ids (with prefix caching on), for KV events
+    data_parallel_rank: int | None = None  # the rank its X-data-parallel-rank header names (dp_routing.py)
 
 
 def _show(value: object) -> str:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from xpyd_emulator.bootstrap import bootstrap_app
 from xpyd_emulator.cmdline import EmulatorConfig
+from xpyd_emulator.dp_routing import header_rank
 from xpyd_emulator.engine import Sequence
 from xpyd_emulator.errors import ApiError
 from xpyd_emulator.httpguard import GuardedSite, guard_middleware, json_error, read_body
@@ -78,7 +79,7 @@ async def _stream(request: web.Request, req: ParsedRequest, seq: Sequence) -> we
     if req.include_usage:
         out.append(fmt.usage(usage(seq.prompt, seq.generated, seq.cached)))
     out.append(DONE)
-    request.app[WORKER].metrics.success[req.finish_reason] += 1
+    request.app[WORKER].rank_metrics[seq.rank].success[req.finish_reason] += 1
     await resp.write(b"".join(out))
     await resp.write_eof()
     return resp
@@ -97,6 +98,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             hash_blocks=cfg.enable_prefix_caching, default_output_tokens=cfg.default_output_tokens,
             sglang=worker.sglang,
         )  # fmt: skip
+        req.data_parallel_rank = header_rank(request.headers)
         seq = await worker.admit(req)
         if req.stream:
             stream = await _stream(request, req, seq)
@@ -107,7 +109,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             raise ApiError(ENGINE_STOPPED, 500)
         use = usage(seq.prompt, seq.generated, seq.cached)
         body = full_response(req, filler(0, seq.generated), req.finish_reason, use, worker.kv_params(seq))
-        worker.metrics.success[req.finish_reason] += 1
+        worker.rank_metrics[seq.rank].success[req.finish_reason] += 1
         delivered = True
         return web.Response(body=body, content_type=_JSON)
     finally:
@@ -145,9 +147,7 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
-    worker.engine.gauges()
-    worker.metrics.index_blocks = len(worker.pool)
-    return web.Response(text=worker.metrics.render(), content_type="text/plain", charset="utf-8",
+    return web.Response(text=worker.render_metrics(), content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})  # fmt: skip
 
 

@@ -1,4 +1,12 @@
-"""One emulated vLLM engine: model and GPU from the catalog, block pool, engine loop, KV leases, health."""
+"""One emulated vLLM engine: model and GPU from the catalog, block pool, engine loop, KV leases, health.
+
+A vLLM data-parallel replica (D > 1) is modelled rank by rank where vLLM keeps ranks apart: each
+request goes to one rank (its `X-data-parallel-rank` header, else vLLM's load balancer; see
+dp_routing.py), which matches, caches and pins its blocks, counts it in its own metrics and
+publishes its KV events on its own sockets (port + rank). The API pod of a multi-node group
+publishes every rank's events, its members' too (kv_relay.py lets a member serve its own ranks).
+SGLang replicas and single engines keep one rank.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ import aiohttp
 
 from xpyd_emulator.bootstrap import RoomTable, wait_room
 from xpyd_emulator.cmdline import EmulatorConfig
+from xpyd_emulator.dp_routing import check_rank
 from xpyd_emulator.engine import Engine, Sequence
 from xpyd_emulator.errors import ApiError
 from xpyd_emulator.httpguard import Limits, connection_cap
@@ -19,7 +28,7 @@ from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.kvtransfer import LeaseTable, pull_blocks
 from xpyd_emulator.leader import GroupLeader
 from xpyd_emulator.member import identity
-from xpyd_emulator.metrics import EngineMetrics
+from xpyd_emulator.metrics import EngineMetrics, render_engines
 from xpyd_emulator.parallel import domain_gpus, gpu_blocks, replica_blocks, wide
 from xpyd_emulator.peers import PeerPolicy, RemoteKv, check_peer, nixl_flags, nixl_remote
 from xpyd_emulator.prefix_cache import BlockPool
@@ -57,14 +66,18 @@ class Worker:
             blocks = rank_blocks = gpu_blocks(cfg, self.spec.weight_bytes, self.spec.kv_bytes_per_token,
                                               self.gpu.hbm_bytes)  # fmt: skip
         self.max_model_len = min(cfg.max_model_len or self.spec.max_model_len, rank_blocks * cfg.block_size)
-        self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.metrics = EngineMetrics(cfg.served_model_names[0], cfg.block_size, blocks)
         ranks = layout.dp if cfg.engine == "vllm" else 1  # vLLM's limits are per rank, SGLang's for the replica
+        self.ranks = ranks  # vLLM's data-parallel engines, each with its own prefix cache and metrics
+        self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching, ranks=ranks)
+        name = cfg.served_model_names[0]
+        self.rank_metrics = [EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r) for r in range(ranks)]
+        self.metrics = self.rank_metrics[0]
         self.engine = Engine(
-            self.spec, self.gpu, cfg.tp, self.pool, self.metrics, speedup=cfg.speedup,
+            self.spec, self.gpu, cfg.tp, self.pool, self.rank_metrics, speedup=cfg.speedup,
             max_num_batched_tokens=cfg.max_num_batched_tokens * ranks, max_num_seqs=cfg.max_num_seqs * ranks,
             parallel=layout.parallelism(domain_gpus(self.gpu.name)) if self.wide else None,
             rank_budget=cfg.max_num_batched_tokens // (1 if cfg.engine == "vllm" else layout.dp) or 1,
+            rank_max_seqs=cfg.max_num_seqs,
         )  # fmt: skip
         self.group: GroupLeader | None = None
         if cfg.group.multi_node:  # the leader: ranks 1..N-1 join it; it models all their GPUs
@@ -89,7 +102,7 @@ class Worker:
         self.inflight = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
-        self.kv_events: ZmqPublisher | None = None
+        self.kv_events: list[ZmqPublisher] = []  # one per rank, in rank order
 
     def _group_complete(self, domains: list[str | None]) -> None:
         """Every rank joined: time the all-to-all over the NVLink domains the ranks report."""
@@ -103,9 +116,15 @@ class Worker:
             await self.group.start()
         events = self.cfg.kv_events
         if events is not None and self.cfg.enable_prefix_caching:  # binds its ports first: may raise OSError
-            self.kv_events = ZmqPublisher(events, self.cfg.host, self.cfg.block_size, per_page=self.sglang)
-            self.pool.events = []
-            self.engine.on_events = self.kv_events.publish
+            try:
+                for rank in range(self.ranks):  # rank r on the endpoints' ports + r, as vLLM's rank r
+                    self.kv_events.append(ZmqPublisher(events, self.cfg.host, self.cfg.block_size,
+                                                       per_page=self.sglang, rank=rank))  # fmt: skip
+            except OSError:
+                await self._close_publishers()
+                raise
+            self.pool.record_events()
+            self.engine.on_events = self._publish
         self._tasks = [
             asyncio.create_task(self.engine.run(), name="engine"),
             asyncio.create_task(self._expire_forever(), name="lease-expiry"),
@@ -113,6 +132,21 @@ class Worker:
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10, sock_connect=3))
+
+    def _publish(self, rank: int, events: list[Any]) -> None:
+        self.kv_events[rank].publish(events)
+
+    async def _close_publishers(self) -> None:
+        publishers, self.kv_events = self.kv_events, []
+        for publisher in publishers:
+            await asyncio.to_thread(publisher.shutdown)
+
+    def render_metrics(self) -> str:
+        """/metrics: every rank's engine, labelled engine="<rank>"."""
+        self.engine.gauges()
+        for rank, m in enumerate(self.rank_metrics):
+            m.index_blocks = self.pool.cached(rank)
+        return render_engines(self.rank_metrics)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() and not self._tasks:
@@ -142,10 +176,9 @@ class Worker:
             await self._session.close()
         if self.group is not None:
             await self.group.stop()
-        if self.kv_events is not None:
+        if self.kv_events:
             self.engine.on_events = None
-            await asyncio.to_thread(self.kv_events.shutdown)
-            self.kv_events = None
+            await self._close_publishers()
 
     def problem(self) -> str | None:
         """Why this engine should not get traffic (None when healthy): draining, or wedged."""
@@ -163,11 +196,19 @@ class Worker:
         """Something a draining worker must still finish: requests, leases or rooms not yet pulled."""
         return self.inflight > 0 or len(self.leases) > 0 or self.rooms.published() > 0
 
+    def choose_rank(self, asked: int | None) -> int:
+        """The data-parallel rank to serve a request: the one it names (400 when out of range), else
+        vLLM's least-loaded rank. One rank (SGLang, a single engine): always 0, any header ignored."""
+        if self.ranks == 1:
+            return 0
+        return check_rank(asked, self.ranks) if asked is not None else self.engine.pick_rank()
+
     async def admit(self, req: ParsedRequest) -> Sequence:
         """Start a request: fetch remote KV first for a disaggregated decode, then schedule it."""
         now = asyncio.get_running_loop().time()
-        if req.prompt_tokens + req.max_tokens > self.pool.num_blocks * self.pool.block_size:
-            raise ApiError(f"request needs more KV blocks than this engine has ({self.pool.num_blocks}).")
+        rank = self.choose_rank(req.data_parallel_rank)  # vLLM checks the rank before the prompt's length
+        if req.prompt_tokens + req.max_tokens > self.pool.rank_blocks * self.pool.block_size:
+            raise ApiError(f"request needs more KV blocks than this engine has ({self.pool.rank_blocks}).")
         kv = req.kv_transfer_params if self.connector else None
         remote_prefill, remote_decode = nixl_flags(kv) if kv else (False, False)
         remote = nixl_remote(kv, self.pool.num_blocks, self.peers) if kv and remote_prefill else None
@@ -179,11 +220,12 @@ class Worker:
         if problem and not (decode_hop and self.draining):  # a draining decode still takes promised KV
             raise ApiError(f"worker unavailable ({problem}); retry on another replica.", status=503)
         if decode_hop:
-            seq = await self._remote_prefill(req, remote, now)
+            seq = await self._remote_prefill(req, remote, now, rank)
         else:
             # vLLM leases a prefill's blocks only when it stops at max_tokens (FINISHED_LENGTH_CAPPED).
             hold = remote_decode and req.finish_reason == "length"
-            seq = Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, hold=hold, streamed=req.stream)
+            seq = Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, hold=hold, streamed=req.stream,
+                           rank=rank)  # fmt: skip
             if hold:
                 seq.on_done = lambda: self._lease(seq)
             if mode == "prefill" and req.bootstrap is not None:
@@ -200,7 +242,7 @@ class Worker:
     def _lease(self, seq: Sequence) -> None:
         """The finished prefill's blocks move under an expiring lease (streamed or not)."""
         if seq.blocks > 0:
-            seq.lease = self.leases.grant(seq.blocks, seq.prompt, asyncio.get_running_loop().time())[0]
+            seq.lease = self.leases.grant(seq.blocks, seq.prompt, asyncio.get_running_loop().time(), seq.rank)[0]
             seq.blocks = 0
 
     def finish(self, seq: Sequence | None, delivered: bool) -> None:
@@ -221,10 +263,12 @@ class Worker:
         info = dict(self._placement(), tokens=seq.prompt)
         self.rooms.publish(room, info, asyncio.get_running_loop().time())
 
-    async def _fetch(self, req: ParsedRequest, remote: RemoteKv | None) -> dict[str, Any] | None:
-        """Pull the prompt's KV (Nixl) or wait for its room (SGLang); None: load failed, recompute."""
+    async def _fetch(self, req: ParsedRequest, remote: RemoteKv | None, rank: int) -> dict[str, Any] | None:
+        """Pull the prompt's KV (Nixl) or wait for its room (SGLang); None: load failed, recompute.
+
+        The decode waits on its rank meanwhile (vLLM's WAITING_FOR_REMOTE_KVS counts as waiting)."""
         assert self._session is not None
-        self.engine.pulling += 1
+        self.engine.pulling[rank] += 1
         self.engine.gauges()
         try:
             if remote is not None:
@@ -240,15 +284,15 @@ class Worker:
             log.warning("%s; recomputing the prompt (kv_load_failure_policy=recompute)", exc.message)
             return None
         finally:
-            self.engine.pulling -= 1
+            self.engine.pulling[rank] -= 1
             self.engine.gauges()
 
-    async def _remote_prefill(self, req: ParsedRequest, remote: RemoteKv | None, now: float) -> Sequence:
+    async def _remote_prefill(self, req: ParsedRequest, remote: RemoteKv | None, now: float, rank: int) -> Sequence:
         """Fetch the prompt's KV from its prefill worker (Nixl pull or SGLang room), model the handoff."""
-        info = await self._fetch(req, remote)
+        info = await self._fetch(req, remote, rank)
         if info is None:
-            return Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, streamed=req.stream)
-        hits = self.pool.match(req.hashes)
+            return Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, streamed=req.stream, rank=rank)
+        hits = self.pool.match(req.hashes, rank)
         local = min(hits * self.pool.block_size, req.prompt_tokens - 1)
         domain = info.get("xpyd_nvlink_domain")
         same_node = bool(self.cfg.node_name) and info.get("xpyd_node_name") == self.cfg.node_name
@@ -260,11 +304,11 @@ class Worker:
         seconds = handoff_seconds(kv_bytes(self.spec, req.prompt_tokens - local), path, self.gpu, lanes)
         if not self.cfg.zero_delay:
             await asyncio.sleep(seconds / self.cfg.speedup)
-        self.metrics.prefix_queries += req.prompt_tokens
-        self.metrics.prefix_hits += local
-        seq = Sequence(
-            req.prompt_tokens, req.hashes, req.max_tokens, now, computed=req.prompt_tokens - 1, streamed=req.stream
-        )
+        m = self.rank_metrics[rank]
+        m.prefix_queries += req.prompt_tokens
+        m.prefix_hits += local
+        seq = Sequence(req.prompt_tokens, req.hashes, req.max_tokens, now, computed=req.prompt_tokens - 1,
+                       streamed=req.stream, rank=rank)  # fmt: skip
         seq.cached = local
         return seq
 

@@ -35,6 +35,7 @@ HF_TOKEN: Final = "HF_TOKEN"  # what model.tokenSecret sets: vLLM, SGLang and hu
 ANY_TOPOLOGY: Final = "Any"  # pins nothing: no hardware to model or to select nodes by
 Mode = Literal["Disaggregated", "Colocated"]
 RouterPolicy = Literal["kv-aware", "least-loaded", "round-robin"]
+DataParallelRouting = Literal["auto", "ranks", "engine"]
 AUTO_TOKENIZER: Final = "auto"
 # auto | none | hf:owner/name[@revision] (the router's grammar for a Hub repository) | an absolute path
 TOKENIZER_PATTERN: Final = (
@@ -238,6 +239,18 @@ class RouterSpec(_Model):
             "emulator's own tokens for the emulator), 'hf:REPO[@REVISION]', a directory or tokenizer.json path "
             "inside the router image, or 'none' (byte blocks: engine events unused, each replica indexes its own "
             "routes). A tokenizer that cannot be fetched leaves the router routing as with 'none'."
+        ),
+    )
+
+    data_parallel_routing: DataParallelRouting = Field(
+        default="auto",
+        description=(
+            "How requests reach the ranks of a data-parallel replica (dataParallelSize > 1: one API server over "
+            "several engines, each with its own prefix cache). 'ranks': the router routes to each rank with its "
+            "own cache picture, load and KV events, and pins it with the X-data-parallel-rank header, which vLLM "
+            "honours from v0.14.0; 'engine': the replica is one target and the engine picks the rank, blind to "
+            "prompts; 'auto': 'ranks' for the emulator and for vLLM images tagged v0.14.0 or later, 'engine' for "
+            "older vLLM (it reads the header and drops it), other tags and SGLang."
         ),
     )
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_operator import engine, groups, podneeds, podsecurity, rollout
+from xpyd_operator import engine, groups, podneeds, podsecurity, rollout, routerkit
 from xpyd_operator.engine_ranks import Rank
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
@@ -75,7 +75,7 @@ def pod_template(
         "prometheus.io/path": "/metrics",
     }
     layout = pool.layout(spec.topology.hardware)
-    if layout.dp > 1 and spec.engine.kind != "sglang":  # vLLM (and the emulator) pin a request's rank by header
+    if layout.dp > 1 and routerkit.rank_routing(spec, main["image"]):  # the router routes to each rank
         annotations[L.DATA_PARALLEL_SIZE] = str(layout.dp)
         annotations[L.DATA_PARALLEL_LOCAL] = str(layout.dp_local)
     out = {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}

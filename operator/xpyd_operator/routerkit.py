@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from xpyd_api import labels as L
@@ -116,6 +117,30 @@ def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
         return "emulator"
     hub = f"hf:{spec.model.name}"
     return hub if usable_tokenizer(hub) else "none"
+
+
+RANK_HEADER_VLLM = (0, 14, 0)  # the first vLLM that passes X-data-parallel-rank on to its engines
+_VERSION_TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+.][\w.+-]*)?$")
+
+
+def image_version(image: str) -> tuple[int, int, int] | None:
+    """The semantic version in an image reference's tag (`vllm/vllm-openai:v0.14.1`), None without one."""
+    match = _VERSION_TAG.search(image.split("@", 1)[0])
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def rank_routing(spec: DisaggregatedDeploymentSpec, engine_image: str) -> bool:
+    """Whether the router routes to each data-parallel rank (spec.router.dataParallelRouting): 'auto'
+    only where the engine is known to pin a request's rank by header. vLLM v0.11-v0.13 read
+    X-data-parallel-rank and drop it before the engine client (serving_engine._process_inputs), so
+    pinned routes would go where its balancer sends them while the router's picture says otherwise."""
+    choice = spec.router.data_parallel_routing
+    if choice != "auto":
+        return choice == "ranks"
+    if spec.engine.kind == "emulator":
+        return True
+    version = image_version(engine_image)
+    return spec.engine.kind == "vllm" and version is not None and version >= RANK_HEADER_VLLM
 
 
 def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:

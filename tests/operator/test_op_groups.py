@@ -11,7 +11,7 @@ from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes, spec  # type: ign
 from xpyd_api import conditions as C
 from xpyd_api import labels as L
 from xpyd_api.layout import replica_layout
-from xpyd_operator import engine_ranks, groups
+from xpyd_operator import engine_ranks, groups, routerkit
 from xpyd_operator.autoscaling_spec import pool_runtime
 from xpyd_operator.desired import Observed, desire
 from xpyd_operator.placement import Demand, unschedulable_reason
@@ -98,18 +98,28 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "topology", "gpus", "nodes", "workload", "want"),
+    ("kind", "image", "routing", "topology", "gpus", "nodes", "workload", "want"),
     [
-        ("vllm", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),  # two nodes, 8 ranks each
-        ("emulator", "GB200-NVL72", 32, nvl72_nodes(), "LeaderWorkerSet", ("32", "4")),
-        ("vllm", "HGX-B200", 8, b200_nodes(8), "StatefulSet", ("8", "8")),  # one node
-        ("sglang", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # SGLang picks its own rank
+        # vLLM passes X-data-parallel-rank on to its engines from v0.14.0; the default image is older
+        ("vllm", "vllm/vllm-openai:v0.14.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),
+        ("vllm", "vllm/vllm-openai:v0.33.1", "auto", "HGX-B200", 8, b200_nodes(8), "StatefulSet", ("8", "8")),
+        ("vllm", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # v0.11.0 drops the header
+        ("vllm", "vllm/vllm-openai:v0.13.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
+        ("vllm", "registry.local/vllm:custom", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
+        ("vllm", "registry.local/vllm:custom", "ranks", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),
+        ("vllm", "vllm/vllm-openai:v0.14.0", "engine", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
+        ("emulator", None, "auto", "GB200-NVL72", 32, nvl72_nodes(), "LeaderWorkerSet", ("32", "4")),
+        ("sglang", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # SGLang picks its own rank
     ],
 )
 def test_the_api_pod_tells_the_router_its_data_parallel_ranks(
-    kind: str, topology: str, gpus: int, nodes: Any, workload: str, want: tuple[str, str] | None
-) -> None:
-    manifest = _render(wide_ep(topology, gpus, gpus, kind), nodes)[(workload, "llama-prefill")]
+    kind: str, image: str | None, routing: str, topology: str, gpus: int, nodes: Any, workload: str,
+    want: tuple[str, str] | None,
+) -> None:  # fmt: skip
+    body = wide_ep(topology, gpus, gpus, kind)
+    body["engine"]["image"] = image
+    body["router"] = {"dataParallelRouting": routing}
+    manifest = _render(body, nodes)[(workload, "llama-prefill")]
     if workload == "LeaderWorkerSet":
         lwt = manifest["spec"]["leaderWorkerTemplate"]
         api, other = lwt["leaderTemplate"], lwt["workerTemplate"]
@@ -121,6 +131,22 @@ def test_the_api_pod_tells_the_router_its_data_parallel_ranks(
     assert got == want
     if want is None:
         assert L.DATA_PARALLEL_SIZE not in annotations
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("vllm/vllm-openai:v0.14.0", (0, 14, 0)),
+        ("vllm/vllm-openai:0.14.1", (0, 14, 1)),
+        ("registry:5000/vllm-openai:v1.2.3-cu129", (1, 2, 3)),
+        ("vllm/vllm-openai:v0.14.0@sha256:" + "a" * 64, (0, 14, 0)),
+        ("vllm/vllm-openai:latest", None),
+        ("vllm/vllm-openai", None),
+        ("registry:5000/vllm@sha256:" + "b" * 64, None),
+    ],
+)
+def test_image_version(image: str, version: tuple[int, int, int] | None) -> None:
+    assert routerkit.image_version(image) == version
 
 
 def test_gb200_groups_share_one_clique_and_hold_the_imex_channel() -> None:
