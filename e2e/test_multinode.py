@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -105,6 +107,28 @@ async def through_router(ns: str, name: str, model: str, count: int) -> Load:
     return load
 
 
+def router_metrics(ns: str, name: str) -> str:
+    """The /metrics text of the deployment's (first) router pod."""
+    [url, *_] = pod_urls(ns, name, "router")
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def samples(text: str, metric: str, **want: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample of `metric` whose labels include `want`."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(metric + "{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.rindex("}")]))
+            if all(labels.get(k) == v for k, v in want.items()):
+                out.append((labels, float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def sample(text: str, metric: str, **want: str) -> float:
+    return sum(value for _, value in samples(text, metric, **want))
+
+
 def delete(kube: Kube, ns: str, name: str) -> None:
     with contextlib.suppress(ApiError):
         kube.client.delete(DD, name, namespace=ns)
@@ -113,7 +137,12 @@ def delete(kube: Kube, ns: str, name: str) -> None:
 @pytest.mark.timeout(600)
 async def test_nvl72_groups_share_one_clique_and_serve(op_kube: Kube, ns: str, operator: OperatorProcess) -> None:
     name = "dsr1-nvl72"
-    op_kube.apply_dd(manifest(name, ns, "GB200-NVL72", FP4, wide_ep(8, replicas=1), wide_ep(16, replicas=1)))
+    # engine.kind emulator: the router keys prompts by the emulator's tokens and routes to each rank, which the
+    # emulator pins as vLLM >= 0.14 does (the HGX test below runs kind vllm's default v0.11.0: one target each).
+    engine = {"kind": "emulator", "args": ["--max-model-len", "32768"]}
+    op_kube.apply_dd(
+        manifest(name, ns, "GB200-NVL72", FP4, wide_ep(8, replicas=1), wide_ep(16, replicas=1), engine=engine)
+    )
     try:
         status = await until_ready(op_kube, ns, name, operator)
         assert status["xpyd"] == "1P1D" and status["layout"] == "P 2x4 GPUs, D 4x4 GPUs"
@@ -127,8 +156,24 @@ async def test_nvl72_groups_share_one_clique_and_serve(op_kube: Kube, ns: str, o
             cliques |= {nodes[p["spec"]["nodeName"]][CLIQUE] for p in group}
             assert sorted(p["metadata"]["labels"][WORKER_INDEX] for p in group) == [str(i) for i in range(size)]
         assert len(cliques) == 1, f"every pod of both pools in one NVLink clique, got {cliques}"
-        load = await through_router(ns, name, FP4, 12)
-        assert load.codes == {"200": 12}, load.codes
+        load = await through_router(ns, name, FP4, 24)
+        assert load.codes == {"200": 24}, load.codes
+        # The router routes to each data-parallel rank (8 prefill, 16 decode) and hears each rank's KV events
+        # from the pod that runs it (decode ranks 4-15 on pods 1-3, relayed there as vLLM publishes them).
+        metrics = await asyncio.to_thread(router_metrics, ns, name)
+        for role, ranks in (("prefill", 8), ("decode", 16)):
+            ready = sample(metrics, "xpyd_router_workers", role=role, state="ready")
+            assert ready == ranks, f"{role}: {ready} routing targets, want one per rank"
+        stored = {
+            labels["worker"]: value
+            for labels, value in samples(metrics, "xpyd_router_kv_event_blocks_total", outcome="stored")
+        }
+        assert len(stored) == 24, sorted(stored)
+        (group,) = groups_of(ns, name, "decode").values()  # 200-token prompts skip prefill: decode computes them
+        leader = next(p for p in group if p["metadata"]["labels"][WORKER_INDEX] == "0")
+        decode = f"http://{leader['status']['podIP']}:8000#dp"
+        members = sum(stored.get(f"{decode}{rank}", 0.0) for rank in range(4, 16))
+        assert members > 0, f"no events relayed from the decode group's pods 1-3: {stored}"
     finally:
         delete(op_kube, ns, name)
 
