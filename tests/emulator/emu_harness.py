@@ -13,6 +13,7 @@ import aiohttp
 
 from xpyd_emulator.cmdline import EmulatorConfig, parse_engine_command
 from xpyd_emulator.server import serve
+from xpyd_emulator.worker import Worker
 
 KV_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 
@@ -30,6 +31,26 @@ def make_config(
     env = {"XPYD_BIND_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port(host))}
     cmd = ["vllm", "serve", model, "--port", str(free_port(host)), *args]
     return replace(parse_engine_command(cmd, env, speedup=fields.pop("speedup", 50.0)), **fields)
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[str]:
+    """Serve a Worker the test can reach into; yields the base URL once /version answers."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(worker.cfg, stop, drain_seconds=0.5, worker=worker))
+    base = f"http://{worker.cfg.host}:{worker.cfg.port}"
+    async with aiohttp.ClientSession() as http:
+        for _ in range(300):
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(base + "/version") as resp:
+                    if resp.status == 200:
+                        break
+            await asyncio.sleep(0.01)
+    try:
+        yield base
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 @contextlib.asynccontextmanager

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-from emu_harness import KV_CONFIG, free_port, make_config  # type: ignore[import-not-found]
+from emu_harness import KV_CONFIG, free_port, make_config, serving  # type: ignore[import-not-found]
 from prometheus_client.parser import text_string_to_metric_families
 
 from xpyd_emulator.cmdline import parse_engine_command
@@ -20,7 +18,6 @@ from xpyd_emulator.kv_events import KvEventsConfig, offset_endpoint
 from xpyd_emulator.member import hosted_ranks, start_relay
 from xpyd_emulator.metrics import EngineMetrics
 from xpyd_emulator.prefix_cache import BlockPool
-from xpyd_emulator.server import serve
 from xpyd_emulator.worker import Worker
 from xpyd_perf import GPUS, resolve_model
 
@@ -136,25 +133,6 @@ async def test_each_rank_has_its_own_token_budget_and_sequence_cap() -> None:
     _, chunks, _ = small.schedule(0.0)
     assert [seq.rank for seq, _ in chunks] == [0, 0, 0, 0, 1]  # --max-num-seqs 4 on rank 0; rank 1 goes on
     assert small.waiting_on == [2, 0]
-
-
-@contextlib.asynccontextmanager
-async def serving(worker: Worker) -> AsyncIterator[str]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(worker.cfg, stop, drain_seconds=0.5, worker=worker))
-    base = f"http://{worker.cfg.host}:{worker.cfg.port}"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(base + "/version") as resp:
-                    if resp.status == 200:
-                        break
-            await asyncio.sleep(0.01)
-    try:
-        yield base
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any], rank: str | None = None,

@@ -3,43 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from emu_harness import KV_CONFIG, make_config  # type: ignore[import-not-found]
+from emu_harness import KV_CONFIG, make_config, serving  # type: ignore[import-not-found]
 from prometheus_client.parser import text_string_to_metric_families
 
 from xpyd_emulator.engine import Sequence
-from xpyd_emulator.server import serve
 from xpyd_emulator.worker import Worker
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PREFILL_HOP = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
-
-
-@contextlib.asynccontextmanager
-async def serving(worker: Worker) -> AsyncIterator[str]:
-    """Serve a Worker the test can reach into; yields the base URL."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(worker.cfg, stop, drain_seconds=0.5, worker=worker))
-    base = f"http://{worker.cfg.host}:{worker.cfg.port}"
-    async with aiohttp.ClientSession() as http:
-        for _ in range(300):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(base + "/version") as resp:
-                    if resp.status == 200:
-                        break
-            await asyncio.sleep(0.01)
-    try:
-        yield base
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 @pytest.fixture

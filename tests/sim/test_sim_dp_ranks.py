@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from test_sim_units import _run as run_until_idle  # type: ignore[import-not-found]  # tests/sim on sys.path
 
 from xpyd_router.pool import WorkerSpec, rank_targets
 from xpyd_sim import spec as specs
 from xpyd_sim.cli import build_parser
 from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.kvevents import EventBus, EventFedIndex
-from xpyd_sim.metrics import Histogram
 from xpyd_sim.report import build
 from xpyd_sim.request import SimRequest
 from xpyd_sim.routing import DP_ROUTINGS, DpRouting, SimRouter
@@ -52,14 +52,8 @@ def serve(w: Worker, req: SimRequest, now: float = 0.0) -> float:
     """Admit one one-hop request and run the worker until it is idle; the time it ends."""
     req.direct = True
     w.admit(req)
-    handoffs: list[SimRequest] = []
-    done: list[SimRequest] = []
-    end = w.plan(now)
-    while end >= 0:
-        w.complete(end, Histogram(), handoffs, done)
-        now = end
-        end = w.plan(now)
-    return now
+    end: float = run_until_idle(w, now)[0]
+    return end
 
 
 def request(rid: int, blocks: Sequence[int], rank: int = -1, output: int = 4) -> SimRequest:
