@@ -205,10 +205,11 @@ def wide(cfg: EmulatorConfig) -> bool:
 
 def replica_blocks(cfg: EmulatorConfig, spec: ModelSpec, hbm_bytes: float) -> int:
     """KV blocks of a whole wide replica: every GPU's HBM less the weights (the dense ones once per
-    data-parallel rank); a latent (MLA) cache is held whole by each tensor-parallel rank."""
-    if cfg.num_gpu_blocks_override:
-        return cfg.num_gpu_blocks_override
+    data-parallel rank); a latent (MLA) cache is held whole by each tensor-parallel rank. vLLM applies
+    --num-gpu-blocks-override in each engine core, that is to each data-parallel rank."""
     layout = cfg.layout
+    if cfg.num_gpu_blocks_override:
+        return cfg.num_gpu_blocks_override * layout.dp
     weights = spec.weight_bytes + spec.dense_bytes * (layout.dp - 1)
     free = layout.world * hbm_bytes * cfg.gpu_memory_utilization - weights
     per_token = spec.kv_bytes_per_token * (layout.tp if spec.mla else 1)
