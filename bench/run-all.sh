@@ -11,5 +11,8 @@ $PY bench/sim/run.py
 $PY bench/autoscaler/azure.py --scale 8
 $PY bench/moe/run.py
 $PY bench/moe/simulate.py
+$PY bench/dp/run.py
+$PY bench/dp/live.py --out bench/results/dp-ranks-live.md
+$PY bench/router/loop_stall.py --out bench/results/loop-stall.md
 if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
 $PY bench/operator/bench_operator.py

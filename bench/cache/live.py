@@ -48,7 +48,14 @@ def scrub(text: str) -> str:
 
 
 def _emulators(
-    procs: Procs, roles: list[tuple[str, str]], model: str, gpu: str, blocks: int | None, speedup: float, tp: int = 1
+    procs: Procs,
+    roles: list[tuple[str, str]],
+    model: str,
+    gpu: str,
+    blocks: int | None,
+    speedup: float,
+    tp: int = 1,
+    args: tuple[str, ...] = (),
 ) -> list[Any]:
     global _RUN
     _RUN += 1
@@ -80,6 +87,7 @@ def _emulators(
         ]
         if blocks:
             cmd += ["--num-gpu-blocks-override", str(blocks)]
+        cmd += args
         env = {
             "XPYD_GPU": gpu,
             "XPYD_NVLINK_DOMAIN": domain,
