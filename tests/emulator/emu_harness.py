@@ -34,15 +34,19 @@ def make_config(
 
 
 @contextlib.asynccontextmanager
-async def serving(worker: Worker) -> AsyncIterator[str]:
-    """Serve a Worker the test can reach into; yields the base URL once /version answers."""
+async def _served(
+    cfg: EmulatorConfig, worker: Worker | None, path: str, drain: float, tries: int
+) -> AsyncIterator[str]:
+    """Serve until the block exits; yields the base URL once `path` answers 200 (or `tries` polls pass)."""
     stop = asyncio.Event()
-    task = asyncio.create_task(serve(worker.cfg, stop, drain_seconds=0.5, worker=worker))
-    base = f"http://{worker.cfg.host}:{worker.cfg.port}"
+    task = asyncio.create_task(serve(cfg, stop, drain_seconds=drain, worker=worker))
+    base = f"http://{cfg.host}:{cfg.port}"
     async with aiohttp.ClientSession() as http:
-        for _ in range(300):
+        for _ in range(tries):
+            if task.done():
+                task.result()
             with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(base + "/version") as resp:
+                async with http.get(base + path) as resp:
                     if resp.status == 200:
                         break
             await asyncio.sleep(0.01)
@@ -54,22 +58,14 @@ async def serving(worker: Worker) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[str]:
+    """Serve a Worker the test can reach into; yields the base URL once /version answers."""
+    async with _served(worker.cfg, worker, "/version", 0.5, 300) as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
 async def running(cfg: EmulatorConfig) -> AsyncIterator[str]:
     """Serve `cfg` until the block exits; yields the base URL once /health answers."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(cfg, stop, drain_seconds=5))
-    base = f"http://{cfg.host}:{cfg.port}"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            if task.done():
-                task.result()
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(base + "/health") as resp:
-                    if resp.status == 200:
-                        break
-            await asyncio.sleep(0.01)
-    try:
+    async with _served(cfg, None, "/health", 5, 200) as base:
         yield base
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
