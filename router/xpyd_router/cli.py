@@ -97,7 +97,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-sync", type=float, default=0.1, help="seconds between in-flight count exchanges")
     p.add_argument(
         "--direct-below-chars", type=int, default=2048,
-        help="kv-aware: uncached prompts shorter than this skip prefill and go to decode (0: never)",
+        help="kv-aware: uncached prompts shorter than this skip prefill and go to decode (0: never go to decode first)",
+    )  # fmt: skip
+    p.add_argument(
+        "--direct-lead-chars", type=int, default=4096,
+        help="kv-aware: a decode worker holding this much more of the prompt than any prefill worker "
+        "computes the rest itself when that is at most --direct-max-chars (0: never)",
+    )  # fmt: skip
+    p.add_argument(
+        "--direct-max-chars", type=int, default=16384,
+        help="kv-aware: the most uncached prompt a decode worker computes under --direct-lead-chars",
     )  # fmt: skip
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
     p.add_argument("--max-attempts", type=int, default=3, help="tries per request over distinct workers")
@@ -186,6 +195,9 @@ def validate(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
             return f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}"
+    for flag in ("direct_below_chars", "direct_lead_chars", "direct_max_chars"):
+        if getattr(args, flag) < 0:
+            return f"--{flag.replace('_', '-')} must be 0 or more characters, got {getattr(args, flag)}"
     if args.max_connections < 1:
         return f"--max-connections must be at least 1, got {args.max_connections}"
     if args.max_body_bytes < 1:
@@ -207,7 +219,10 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         if isinstance(policy, KvAwarePolicy):
             chars_per_block = keys.tokens_per_block * args.chars_per_token
             policy.config = KvAwareConfig().for_blocks(keys.tokens_per_block)  # knobs counted in this block size
-            policy.config.direct_below_blocks = max(0, math.ceil(args.direct_below_chars / chars_per_block))
+            cfg = policy.config
+            cfg.direct_below_blocks = math.ceil(args.direct_below_chars / chars_per_block)
+            cfg.direct_lead_blocks = math.ceil(args.direct_lead_chars / chars_per_block)
+            cfg.direct_max_blocks = args.direct_max_chars // chars_per_block
 
     tune()
     pool = WorkerPool(policy, args.block_chars, args.chars_per_token, keys)

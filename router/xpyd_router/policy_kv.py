@@ -20,8 +20,11 @@ engines' caches, but a replica that knows only its own routes and has peers (`re
 and pile load where the others cannot see why (simulated: 2 replicas on the chat shape fell to 37%
 hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
 When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
-that a decode worker within the load bound holds all but `direct_below_blocks` of goes straight to
-the one holding the most, so a conversation keeps extending one cache. The trade-off was chosen
+that a decode worker within the load bound holds all but `direct_below_blocks` of, or holds
+`direct_lead_blocks` more of than any prefill worker with at most `direct_max_blocks` left, goes
+straight to the one holding the most, so a conversation keeps extending one cache (simulated on the
+Mooncake conversation trace with caches half the working set: 8.1% prefix hit instead of 5.6%,
+TTFT p99 4.3 s instead of 4.4 s; bench/results/cache-suite.md). The trade-off was chosen
 on the workload suite of bench/cache (chat, RAG, agents, the shared traces; caches larger and
 smaller than the working set): bench/results/cache-suite.md.
 """
@@ -41,7 +44,7 @@ BLOCK_TOKENS = 64  # the block size the knobs' block counts assume
 
 @dataclass
 class KvAwareConfig:
-    direct_below_blocks: int = 8  # uncached prompt shorter than this: skip prefill (0: never)
+    direct_below_blocks: int = 8  # uncached prompt shorter than this: skip prefill (0: never skip it)
     load_factor: float = 1.15  # a worker takes a request while its load < load_factor x mean load + load_slack
     load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
     stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
@@ -49,6 +52,8 @@ class KvAwareConfig:
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
+    direct_lead_blocks: int = 16  # a decode worker holding this many more blocks than any prefill worker...
+    direct_max_blocks: int = 64  # ...computes the rest itself when that is at most this many (lead 0: never)
     kv_weight: float = 4.0  # decode score = load + kv_weight x KV usage
     domain_slack: float = 2.0  # accept a same-domain decode worker up to this much busier
 
@@ -60,6 +65,8 @@ class KvAwareConfig:
             self,
             direct_below_blocks=max(1, round(self.direct_below_blocks * ratio)) if self.direct_below_blocks else 0,
             stick_blocks=max(1, round(self.stick_blocks * ratio)),
+            direct_lead_blocks=max(1, round(self.direct_lead_blocks * ratio)) if self.direct_lead_blocks else 0,
+            direct_max_blocks=max(1, round(self.direct_max_blocks * ratio)),
             work_slack=self.work_slack * ratio,
         )
 
@@ -157,10 +164,17 @@ class KvAwarePolicy(BasePolicy):
         names = [w.name for s, w in scored if s <= best + 0.5]
         return Decision(tie_break(req.key, names), "least-loaded")
 
-    def _direct(self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int]) -> Decision | None:
-        """A decode worker that holds all but a short tail of the prompt and whose decode score (load
+    def _direct(
+        self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int], prefilled: int
+    ) -> Decision | None:
+        """A decode worker that can compute the rest of the prompt itself, and whose decode score (load
         and KV usage) is within the load bound: the one holding the most (then by rendezvous weight),
-        so a conversation that went there keeps going there and its prefix stays whole on one worker."""
+        so a conversation that went there keeps going there and its prefix stays whole on one worker.
+        It can when it holds all but a short tail (`direct_below_blocks`), or when it holds
+        `direct_lead_blocks` more than any prefill worker (`prefilled`, what a prefill would reuse)
+        with at most `direct_max_blocks` left: a conversation whose earlier turns the prefill pool
+        has evicted but the decode worker that answered them still holds (its pool sees a share of
+        the traffic, so its cache keeps a longer window)."""
         cfg = self.config
         total = len(req.blocks)
         scores = [w.load + cfg.kv_weight * w.kv_usage for w in workers]
@@ -168,12 +182,22 @@ class KvAwarePolicy(BasePolicy):
         near = [
             (matches.get(w.name, 0), weight(req.key, w.name), w.name)
             for w, score in zip(workers, scores, strict=True)
-            if total - matches.get(w.name, 0) < cfg.direct_below_blocks and score < bound
+            if score < bound and self._completes(total, matches.get(w.name, 0), prefilled)
         ]
         if not near:
             return None
         hit, _, name = max(near)
-        return Decision(name, "short-prompt", hit)
+        return Decision(name, "short-prompt" if total - hit < cfg.direct_below_blocks else "decode-holds", hit)
+
+    def _completes(self, total: int, hit: int, prefilled: int) -> bool:
+        """Whether a decode worker holding `hit` of the prompt's `total` blocks should compute the rest."""
+        cfg = self.config
+        left = total - hit
+        if not cfg.direct_below_blocks:  # never straight to decode
+            return False
+        return left < cfg.direct_below_blocks or (
+            cfg.direct_lead_blocks > 0 and hit - prefilled >= cfg.direct_lead_blocks and left <= cfg.direct_max_blocks
+        )
 
     def plan(
         self,
@@ -189,9 +213,9 @@ class KvAwarePolicy(BasePolicy):
         prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
         if not prefill_workers:
             return Plan(decode=self._prefill(req, decode_workers, matches, sticky, index))
-        total, threshold = len(req.blocks), self.config.direct_below_blocks
-        if total - max(matches.values(), default=0) < threshold:  # else no decode worker can be close enough
-            direct = self._direct(req, decode_workers, matches)
+        prefilled = max((matches.get(w.name, 0) for w in prefill_workers), default=0)
+        if self._completes(len(req.blocks), max(matches.values(), default=0), prefilled):  # else no decode worker can
+            direct = self._direct(req, decode_workers, matches, prefilled)
             if direct is not None:
                 return Plan(decode=direct)
         first = self._prefill(req, prefill_workers, matches, sticky, index)

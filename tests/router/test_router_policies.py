@@ -211,6 +211,47 @@ def test_short_prompt_goes_to_the_decode_worker_holding_it(case: Case) -> None:
         assert (hop.worker, hop.matched_blocks) == (case.want, case.cached[case.want])
 
 
+LONG = list(range(1000, 1200))  # a 200-block prompt
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached", "config", "want"),
+    [
+        (BLOCKS, {"p": 10, "d1": 30}, {}, "d1"),  # 20 blocks ahead of the prefill pool, 10 left to compute
+        (BLOCKS, {"p": 10, "d1": 30, "d2": 27}, {}, "d1"),  # the decode worker holding the most
+        (BLOCKS, {"d1": 16}, {}, "d1"),  # a lead of exactly direct_lead_blocks
+        (BLOCKS, {"d1": 15}, {}, ""),  # one short of it: prefill
+        (BLOCKS, {"p": 20, "d1": 30}, {}, ""),  # the prefill worker would reuse nearly as much
+        (LONG, {"d1": 136}, {}, "d1"),  # 64 blocks left: direct_max_blocks
+        (LONG, {"d1": 135}, {}, ""),  # 65 left: too much prefill work for a decode worker
+        (BLOCKS, {"d1": 30}, {"direct_lead_blocks": 0}, ""),  # the lead rule off
+        (BLOCKS, {"d1": 30}, {"direct_below_blocks": 0}, ""),  # never straight to decode
+        (LONG, {"d1": 150}, {"direct_max_blocks": 100}, "d1"),
+    ],
+)
+def test_decode_worker_holding_a_lead_computes_the_rest(
+    prompt: list[int], cached: dict[str, int], config: dict[str, int], want: str
+) -> None:
+    index = index_with(prompt, **cached)
+    plan = KvAwarePolicy(KvAwareConfig(**config)).plan(
+        RouteRequest(prompt, key=3), [w("p")], [w("d1", "decode"), w("d2", "decode")], index
+    )
+    assert (plan.prefill is None) == bool(want)
+    if want:
+        assert (plan.decode.worker, plan.decode.reason, plan.decode.matched_blocks) == (
+            want,
+            "decode-holds",
+            cached[want],
+        )
+
+
+def test_decode_worker_over_the_load_bound_leaves_the_prompt_to_prefill() -> None:
+    index = index_with(BLOCKS, d1=30)
+    busy = [w("d1", "decode", running=6), w("d2", "decode")]
+    plan = KvAwarePolicy().plan(RouteRequest(BLOCKS, key=3), [w("p")], busy, index)
+    assert plan.prefill is not None and plan.prefill.worker == "p"
+
+
 def test_plan_records_blocks_for_both_hops_and_rdma_across_domains() -> None:
     policy = KvAwarePolicy(KvAwareConfig(direct_below_blocks=0))
     index = PrefixIndex()
@@ -299,12 +340,16 @@ def test_kv_moves_only_between_workers_of_one_engine_revision(
 
 @pytest.mark.parametrize(
     ("tokens_per_block", "stick", "work", "direct"),
-    [(64, 16, 64.0, 8), (16, 64, 256.0, 32), (512, 2, 8.0, 1)],
+    [(64, 16, 64.0, (8, 16, 64)), (16, 64, 256.0, (32, 64, 256)), (512, 2, 8.0, (1, 2, 8))],
 )
-def test_block_counts_follow_the_block_size(tokens_per_block: int, stick: int, work: float, direct: int) -> None:
+def test_block_counts_follow_the_block_size(
+    tokens_per_block: int, stick: int, work: float, direct: tuple[int, int, int]
+) -> None:
     cfg = KvAwareConfig().for_blocks(tokens_per_block)
-    assert (cfg.stick_blocks, cfg.work_slack, cfg.direct_below_blocks) == (stick, work, direct)
+    assert (cfg.stick_blocks, cfg.work_slack) == (stick, work)
+    assert (cfg.direct_below_blocks, cfg.direct_lead_blocks, cfg.direct_max_blocks) == direct
     assert KvAwareConfig(direct_below_blocks=0).for_blocks(16).direct_below_blocks == 0  # never stays never
+    assert KvAwareConfig(direct_lead_blocks=0).for_blocks(16).direct_lead_blocks == 0
 
 
 @pytest.mark.parametrize(
