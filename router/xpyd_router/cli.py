@@ -101,8 +101,8 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--direct-lead-chars", type=int, default=4096,
-        help="kv-aware: a decode worker holding this much more of the prompt than any prefill worker "
-        "computes the rest itself when that is at most --direct-max-chars (0: never)",
+        help="kv-aware: a decode worker holding this much more of the prompt than any prefill worker, and 4x "
+        "what is left, computes the rest itself when that is at most --direct-max-chars (0: never)",
     )  # fmt: skip
     p.add_argument(
         "--direct-max-chars", type=int, default=16384,

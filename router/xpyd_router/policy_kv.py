@@ -20,11 +20,13 @@ engines' caches, but a replica that knows only its own routes and has peers (`re
 and pile load where the others cannot see why (simulated: 2 replicas on the chat shape fell to 37%
 hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
 When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
-that a decode worker within the load bound holds all but `direct_below_blocks` of, or holds
-`direct_lead_blocks` more of than any prefill worker with at most `direct_max_blocks` left, goes
-straight to the one holding the most, so a conversation keeps extending one cache (simulated on the
-Mooncake conversation trace with caches half the working set: 8.1% prefix hit instead of 5.6%,
-TTFT p99 4.3 s instead of 4.4 s; bench/results/cache-suite.md). The trade-off was chosen
+that a decode worker within the load bound holds all but `direct_below_blocks` of goes straight
+to the one holding the most, so a conversation keeps extending one cache; so does one of which a
+decode worker holds `direct_lead_blocks` more than any prefill worker, and 4x what is left, with at
+most `direct_max_blocks` left (conditional disaggregation: simulated on the Mooncake conversation
+trace with caches half the working set, 7.9% prefix hit instead of 5.6% at the same TTFT p99;
+bench/results/cache-suite.md; the ratio keeps wide-EP decode ranks' ITL p99 where it was,
+bench/results/dp-ranks.md). The trade-off was chosen
 on the workload suite of bench/cache (chat, RAG, agents, the shared traces; caches larger and
 smaller than the working set): bench/results/cache-suite.md.
 """
@@ -52,8 +54,9 @@ class KvAwareConfig:
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
-    direct_lead_blocks: int = 16  # a decode worker holding this many more blocks than any prefill worker...
-    direct_max_blocks: int = 64  # ...computes the rest itself when that is at most this many (lead 0: never)
+    direct_lead_blocks: int = 16  # a decode worker holding this many more blocks than any prefill worker,
+    direct_lead_ratio: float = 4.0  # and this many times what is left, computes the rest itself
+    direct_max_blocks: int = 64  # when that is at most this many blocks (lead 0: never)
     kv_weight: float = 4.0  # decode score = load + kv_weight x KV usage
     domain_slack: float = 2.0  # accept a same-domain decode worker up to this much busier
 
@@ -171,10 +174,12 @@ class KvAwarePolicy(BasePolicy):
         and KV usage) is within the load bound: the one holding the most (then by rendezvous weight),
         so a conversation that went there keeps going there and its prefix stays whole on one worker.
         It can when it holds all but a short tail (`direct_below_blocks`), or when it holds
-        `direct_lead_blocks` more than any prefill worker (`prefilled`, what a prefill would reuse)
-        with at most `direct_max_blocks` left: a conversation whose earlier turns the prefill pool
-        has evicted but the decode worker that answered them still holds (its pool sees a share of
-        the traffic, so its cache keeps a longer window)."""
+        `direct_lead_blocks` more than any prefill worker (`prefilled`, what a prefill would reuse),
+        at least `direct_lead_ratio` times what is left, and at most `direct_max_blocks` are left: a
+        conversation whose earlier turns the prefill pool has evicted but the decode worker that
+        answered them still holds (its pool sees a share of the traffic, so its cache keeps a longer
+        window). The ratio keeps the prefill work a decode worker takes on, which slows its token
+        streams, to a quarter of the work it saves."""
         cfg = self.config
         total = len(req.blocks)
         scores = [w.load + cfg.kv_weight * w.kv_usage for w in workers]
@@ -196,7 +201,9 @@ class KvAwarePolicy(BasePolicy):
         if not cfg.direct_below_blocks:  # never straight to decode
             return False
         return left < cfg.direct_below_blocks or (
-            cfg.direct_lead_blocks > 0 and hit - prefilled >= cfg.direct_lead_blocks and left <= cfg.direct_max_blocks
+            cfg.direct_lead_blocks > 0
+            and hit - prefilled >= max(cfg.direct_lead_blocks, cfg.direct_lead_ratio * left)
+            and left <= cfg.direct_max_blocks
         )
 
     def plan(

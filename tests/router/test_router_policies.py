@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -217,20 +218,22 @@ LONG = list(range(1000, 1200))  # a 200-block prompt
 @pytest.mark.parametrize(
     ("prompt", "cached", "config", "want"),
     [
-        (BLOCKS, {"p": 10, "d1": 30}, {}, "d1"),  # 20 blocks ahead of the prefill pool, 10 left to compute
-        (BLOCKS, {"p": 10, "d1": 30, "d2": 27}, {}, "d1"),  # the decode worker holding the most
-        (BLOCKS, {"d1": 16}, {}, "d1"),  # a lead of exactly direct_lead_blocks
-        (BLOCKS, {"d1": 15}, {}, ""),  # one short of it: prefill
-        (BLOCKS, {"p": 20, "d1": 30}, {}, ""),  # the prefill worker would reuse nearly as much
-        (LONG, {"d1": 136}, {}, "d1"),  # 64 blocks left: direct_max_blocks
-        (LONG, {"d1": 135}, {}, ""),  # 65 left: too much prefill work for a decode worker
-        (BLOCKS, {"d1": 30}, {"direct_lead_blocks": 0}, ""),  # the lead rule off
-        (BLOCKS, {"d1": 30}, {"direct_below_blocks": 0}, ""),  # never straight to decode
-        (LONG, {"d1": 150}, {"direct_max_blocks": 100}, "d1"),
+        (LONG, {"p": 100, "d1": 180}, {}, "d1"),  # 80 blocks ahead of the prefill pool: 4x the 20 left
+        (LONG, {"p": 101, "d1": 180}, {}, ""),  # 79 ahead: under 4x what is left, so prefill
+        (LONG, {"p": 20, "d1": 180, "d2": 170}, {}, "d1"),  # the decode worker holding the most
+        (BLOCKS, {"d1": 32}, {}, "d1"),  # 8 left, 32 ahead
+        (BLOCKS, {"d1": 31}, {}, ""),  # 9 left would need 36 ahead
+        (LONG, {"d1": 136}, {"direct_lead_ratio": 1.0}, "d1"),  # 64 left: direct_max_blocks
+        (LONG, {"d1": 135}, {"direct_lead_ratio": 1.0}, ""),  # 65 left: too much prefill for a decode worker
+        (LONG, {"d1": 150}, {"direct_lead_ratio": 1.0, "direct_max_blocks": 100}, "d1"),
+        (BLOCKS, {"d1": 38}, {"direct_below_blocks": 1}, "d1"),  # 2 left, 38 ahead
+        (BLOCKS, {"p": 23, "d1": 38}, {"direct_below_blocks": 1}, ""),  # 15 ahead: under direct_lead_blocks
+        (LONG, {"d1": 180}, {"direct_lead_blocks": 0}, ""),  # the lead rule off
+        (LONG, {"d1": 180}, {"direct_below_blocks": 0}, ""),  # never straight to decode
     ],
 )
 def test_decode_worker_holding_a_lead_computes_the_rest(
-    prompt: list[int], cached: dict[str, int], config: dict[str, int], want: str
+    prompt: list[int], cached: dict[str, int], config: dict[str, Any], want: str
 ) -> None:
     index = index_with(prompt, **cached)
     plan = KvAwarePolicy(KvAwareConfig(**config)).plan(
@@ -246,7 +249,7 @@ def test_decode_worker_holding_a_lead_computes_the_rest(
 
 
 def test_decode_worker_over_the_load_bound_leaves_the_prompt_to_prefill() -> None:
-    index = index_with(BLOCKS, d1=30)
+    index = index_with(BLOCKS, d1=32)
     busy = [w("d1", "decode", running=6), w("d2", "decode")]
     plan = KvAwarePolicy().plan(RouteRequest(BLOCKS, key=3), [w("p")], busy, index)
     assert plan.prefill is not None and plan.prefill.worker == "p"
