@@ -67,9 +67,11 @@ def run(
     only: tuple[str, ...] = (),
     streams: tuple[bool, ...] = (False, True),
     paths: tuple[str, ...] = ("two-hop",),
+    rotate: int = 0,
 ) -> list[dict[str, Any]]:
     """CPU per request and added latency of each router on each path (two-hop prefill/decode, single
-    pool), streamed or not, all in this one run on the same zero-delay emulators."""
+    pool), streamed or not, all in this one run on the same zero-delay emulators; `rotate` shifts the
+    order the routers are measured in (rounds of a comparison rotate it, so no router always goes first)."""
     procs = Procs(logdir)
     rows: list[dict[str, Any]] = []
     try:
@@ -98,7 +100,9 @@ def run(
                     rows.append({"router": label, "path": path, "error": str(exc)[:300]})
             direct = workers["single" if path == "single-pool" else "decode"]
             for stream in streams:
-                targets = [("direct (worker)", direct.url, None), *[(lb, p.url, p) for lb, p in available]]
+                shift = rotate % len(available) if available else 0
+                ordered = available[shift:] + available[:shift]
+                targets = [("direct (worker)", direct.url, None), *[(lb, p.url, p) for lb, p in ordered]]
                 for label, url, proc in targets:
                     load(url, bodies(min(200, n), stream, "warm"), concurrency)
                     before = proc.cpu() if proc else 0.0
