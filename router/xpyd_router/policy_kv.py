@@ -184,10 +184,11 @@ class KvAwarePolicy(BasePolicy):
         total = len(req.blocks)
         scores = [w.load + cfg.kv_weight * w.kv_usage for w in workers]
         bound = cfg.load_factor * (sum(scores) + 1.0) / len(workers) + cfg.load_slack
+        held = [(matches.get(w.name, 0), w, score) for w, score in zip(workers, scores, strict=True)]
         near = [
-            (matches.get(w.name, 0), weight(req.key, w.name), w.name)
-            for w, score in zip(workers, scores, strict=True)
-            if score < bound and self._completes(total, matches.get(w.name, 0), prefilled)
+            (hit, weight(req.key, w.name), w.name)
+            for hit, w, score in held
+            if score < bound and self._completes(total, hit, prefilled)
         ]
         if not near:
             return None
