@@ -209,7 +209,7 @@ REPLICA_RUNS = [  # (trace scenario, deployment roles, model, speedup, seconds o
 
 
 def run_replicas(logdir: Path, quick: bool = False, counts: tuple[int, ...] = (1, 2, 4, 8)) -> list[dict[str, Any]]:
-    """1/2/4/8 xpyd router replicas (KV events, in-flight sharing) with `xpyd load` spreading the requests."""
+    """1/2/4/8 xpyd router replicas (KV events, sharing load and routes) with `xpyd load` spreading the requests."""
     rows = []
     for name, roles, model, speedup, seconds in REPLICA_RUNS[:1] if quick else REPLICA_RUNS:
         s = next(x for x in sc.SCENARIOS if x.name == name)

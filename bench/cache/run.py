@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/cache/run.py [--only sim,cpu,live,live-replicas] [--quick]
 
-The default runs sim, cpu and live (about 12 minutes on the shared 2-core machine); live-replicas
+The default runs sim, cpu and live (about 14 minutes on the shared 2-core machine); live-replicas
 (about 6 minutes) runs when named in --only.
 
 - sim: every scenario of bench/cache/scenarios.py under xpyd's policy and the peers' rules
@@ -82,12 +82,12 @@ def main() -> int:
                 + "\n\n`xpyd simulate` with the kv-aware policy; requests spread over the replicas in turn"
                 " (a Service). Before: each replica's index fed by its own routes, no shared load: each bounds a"
                 " worker by the 1/N of its load it sees, and the sticky bound (3x the mean) lets a replica pile"
-                " prefixes onto a worker the others also load. Own routes + sharing: what an in-cluster router does"
-                " for engines whose tokenizer it lacks (real vLLM/SGLang today): the replicas, found in the pod"
-                f" watch, exchange their in-flight counts every {suite.PEER_SYNC_S * 1000:.0f} ms. KV events +"
-                " sharing: every index fed by the workers' KV events (50 ms late) as well (the emulator's"
-                " tokenizer in-cluster, or --tokenizer); with KV events alone (no sharing) chat-28rps-small"
-                " stays at 77.6-78.4% / 100% from 1 to 8 replicas.",
+                " prefixes onto a worker the others also load. Own routes + sharing: a router without the engines'"
+                " events (no tokenizer for them): the replicas, found in the pod watch, exchange their in-flight"
+                f" counts and the routes they chose every {suite.PEER_SYNC_S * 1000:.0f} ms, each recording the"
+                " others' routes in its index as it records its own (loadshare.py). KV events + sharing: every"
+                " index fed by the workers' KV events (50 ms late) as well (the served model's tokenizer"
+                " in-cluster, or --tokenizer).",
             )
         )
     if "cpu" in only:

@@ -15,10 +15,11 @@ uncached blocks there: a worker holding part of the prompt costs less), the same
 given the shared counts, instead of being spread over the pool by small load differences, which copies it
 into every cache and, with caches smaller than the working set, evicts what the other prefixes
 needed. Stickiness needs an index the replicas share: with KV events every replica sees the
-engines' caches, but a replica that knows only its own routes and has peers (`replicas` > 1) uses
-`load_factor` alone, since each replica's private index would pin prefixes to different workers
-and pile load where the others cannot see why (simulated: 2 replicas on the chat shape fell to 37%
-hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
+engines' caches, and replicas that pass each other their routes (loadshare.py; `routes_shared`)
+record the same guesses; a replica that knows only its own routes and has peers (`replicas` > 1)
+uses `load_factor` alone, since each replica's private index would pin prefixes to different
+workers and pile load where the others cannot see why (simulated: 2 replicas on the chat shape
+fell to 37% hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
 When every worker is over its bounds, the least loaded one. With a prefill pool, a prompt
 that a decode worker within the load bound holds all but `direct_below_blocks` of goes straight
 to the one holding the most, so a conversation keeps extending one cache; so does one of which a
@@ -80,14 +81,16 @@ class KvAwarePolicy(BasePolicy):
     def __init__(self, config: KvAwareConfig | None = None) -> None:
         self.config = config or KvAwareConfig()
         self.replicas = 1  # router replicas routing to the same workers (this one included); set by discovery
+        self.routes_shared = False  # every peer passes this replica its routes (set by the exchange)
 
     def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         matches = index.match(req.blocks) if req.blocks else {}
         return self._prefill(req, workers, matches, self._shared(index), index)
 
     def _shared(self, index: PrefixIndex) -> bool:
-        """Whether every replica sees this index alike: one replica, or caches told by the engines' events."""
-        return self.replicas <= 1 or bool(index.fed)
+        """Whether every replica sees this index alike: one replica, caches told by the engines' events,
+        or every replica's routes recorded by all."""
+        return self.replicas <= 1 or self.routes_shared or bool(index.fed)
 
     def _prefill(
         self,

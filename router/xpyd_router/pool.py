@@ -79,6 +79,9 @@ class WorkerPool:
         self.breaker_failures = 5  # consecutive failed requests that take a worker out of rotation
         self.breaker_hold = 10.0  # seconds it then stays out, whatever its probes say
         self.clock: Callable[[], float] = time.monotonic
+        # Set while router replicas share their routes (loadshare.py): the workers a plan sent a
+        # prompt to and its blocks, which the other replicas record as the same guess this index did.
+        self.on_route: Callable[[tuple[str, ...], Sequence[int]], None] | None = None
 
     def set_workers(self, specs: Iterable[WorkerSpec]) -> None:
         """Level-based update: add new workers, update domains, drain the ones no longer listed."""
@@ -120,6 +123,9 @@ class WorkerPool:
             raise NoWorker(decode_role)
         plan = self.policy.plan(req, prefill, decode, self.index)
         record(self.index, plan, req)
+        if self.on_route is not None and req.blocks:
+            sent = (plan.decode.worker,) if plan.prefill is None else (plan.prefill.worker, plan.decode.worker)
+            self.on_route(sent, req.blocks)
         return plan
 
     def begin(self, name: str, blocks: int = 0) -> None:

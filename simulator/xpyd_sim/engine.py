@@ -45,7 +45,13 @@ class Simulation:
         )
         replicas = max(1, spec.deployment.router.replicas) if cfg.router_replicas is None else cfg.router_replicas
         self.router = SimRouter(
-            cfg.router, cfg.block_tokens, replicas, cfg.router_index, cfg.event_delay_s, cfg.dp_routing
+            cfg.router,
+            cfg.block_tokens,
+            replicas,
+            cfg.router_index,
+            cfg.event_delay_s,
+            cfg.dp_routing,
+            share_routes=cfg.peer_sync_s > 0,
         )
         self.router.set_workers(self.cluster.all_workers())
         first = "worker" if spec.mode == "Colocated" else "prefill"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from xpyd_router.hashing import AFFINITY_BLOCKS, affinity_key
@@ -57,6 +57,7 @@ class SimRouter:
         index: IndexMode = "own",
         event_delay_s: float = 0.05,
         dp_routing: DpRouting = "ranks",
+        share_routes: bool = False,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"router replicas must be >= 1, got {replicas}")
@@ -78,6 +79,14 @@ class SimRouter:
                 pool.index = EventFedIndex(own=index == "events+own")
                 self.bus.indexes.append(pool.index)
             self.pools.append(pool)
+        # Replicas exchanging their load (share_load) also pass on their routes, as loadshare.py does:
+        # each one's (workers, blocks) since the last exchange, recorded in the others' indexes.
+        self._routes: list[list[tuple[tuple[str, ...], Sequence[int]]]] = [[] for _ in self.pools]
+        if share_routes and replicas > 1:
+            for log, pool in zip(self._routes, self.pools, strict=True):
+                pool.on_route = lambda workers, blocks, log=log: log.append((workers, blocks))
+                if isinstance(pool.policy, KvAwarePolicy):
+                    pool.policy.routes_shared = True  # as the exchange finds when every peer answers
         self._leading = max(1, AFFINITY_BLOCKS * ROUTER_BLOCK_TOKENS // block_tokens)
         self._by_name: dict[str, tuple[Worker, int | None]] = {}  # target -> (worker, rank or None)
         self.decisions: dict[str, int] = {}
@@ -142,7 +151,16 @@ class SimRouter:
                     state.kv_usage = min(1.0, w.rank_kv[rank] / w.rank_cap) if w.rank_cap else 1.0
 
     def share_load(self) -> None:
-        """Each replica learns the in-flight counts the others have on every worker (load sharing)."""
+        """Each replica learns the in-flight counts the others have on every worker (load sharing),
+        and records the routes the others chose since the last exchange."""
+        for i, log in enumerate(self._routes):
+            for j, pool in enumerate(self.pools):
+                if j != i:
+                    for workers, keys in log:
+                        for name in workers:
+                            if name in pool.workers:
+                                pool.index.record(name, keys)
+            log.clear()
         totals: dict[str, list[int]] = {}
         for pool in self.pools:
             for name, state in pool.workers.items():

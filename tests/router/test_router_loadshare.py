@@ -1,16 +1,23 @@
-"""Router replicas sharing in-flight counts: the endpoint, the sums, stale peers, and two live replicas."""
+"""Router replicas sharing in-flight counts and routes: the endpoint, the sums, stale peers, who may read
+the routes, and two live replicas."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from xpyd_router import loadshare
 from xpyd_router.loadshare import PATH, LoadShare, worker_id
+from xpyd_router.model import RouteRequest
 from xpyd_router.policies import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 
@@ -22,6 +29,43 @@ def pool() -> WorkerPool:
     p = WorkerPool(KvAwarePolicy(), block_chars=256)
     p.set_workers([WorkerSpec(A, "worker"), WorkerSpec(B, "worker")])
     return p
+
+
+@contextlib.asynccontextmanager
+async def serving(share: LoadShare) -> AsyncIterator[TestServer]:
+    """The replica's endpoint on a loopback port."""
+    app = web.Application()
+    app.router.add_get(PATH, share.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@contextlib.asynccontextmanager
+async def exchanging(pools: list[WorkerPool]) -> AsyncIterator[list[LoadShare]]:
+    """Two live replicas, each serving its endpoint and polling the other's every 50 ms."""
+    shares = [LoadShare(p, [], interval=0.05) for p in pools]
+    async with serving(shares[0]) as first, serving(shares[1]) as second:
+        shares[0].set_peers([str(second.make_url("")).rstrip("/")])
+        shares[1].set_peers([str(first.make_url("")).rstrip("/")])
+        tasks = [asyncio.create_task(s.run()) for s in shares]
+        try:
+            yield shares
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until(done: Callable[[], bool]) -> None:
+    """Wait up to 2 s for a condition the exchange brings about."""
+    for _ in range(100):
+        if done():
+            return
+        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize(
@@ -57,32 +101,11 @@ async def test_two_replicas_learn_each_others_counts() -> None:
     pools = [pool(), pool()]
     pools[0].begin(A, 40)
     pools[1].begin(B, 7)
-    servers, shares = [], []
-    for p in pools:
-        share = LoadShare(p, [], interval=0.05)
-        app = web.Application()
-        app.router.add_get(PATH, share.handle)
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        servers.append(server)
-        shares.append(share)
-    shares[0].peers = [str(servers[1].make_url("")).rstrip("/")]
-    shares[1].peers = [str(servers[0].make_url("")).rstrip("/")]
-    tasks = [asyncio.create_task(s.run()) for s in shares]
-    try:
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if pools[0].workers[B].peer_blocks == 7 and pools[1].workers[A].peer_blocks == 40:
-                break
+    async with exchanging(pools):
+        await until(lambda: pools[0].workers[B].peer_blocks == 7 and pools[1].workers[A].peer_blocks == 40)
         assert (pools[0].workers[B].peer_inflight, pools[0].workers[B].peer_blocks) == (1, 7)
         assert (pools[1].workers[A].peer_inflight, pools[1].workers[A].peer_blocks) == (1, 40)
         assert pools[0].workers[A].work == 40 and pools[1].workers[A].work == 40
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for s in servers:
-            await s.close()
 
 
 @pytest.mark.parametrize(
@@ -96,17 +119,10 @@ async def test_two_replicas_learn_each_others_counts() -> None:
 )
 async def test_the_exchange_needs_the_api_key_when_there_is_one(key: str | None, sent: str | None, status: int) -> None:
     share = LoadShare(pool(), [], api_key=key)
-    app = web.Application()
-    app.router.add_get(PATH, share.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as session:
-            headers = {"Authorization": sent} if sent else {}
-            async with session.get(server.make_url(PATH), headers=headers) as resp:
-                assert resp.status == status
-    finally:
-        await server.close()
+    async with serving(share) as server, aiohttp.ClientSession() as session:
+        headers = {"Authorization": sent} if sent else {}
+        async with session.get(server.make_url(PATH), headers=headers) as resp:
+            assert resp.status == status
 
 
 def test_set_peers_forgets_the_reports_of_peers_that_left() -> None:
@@ -124,3 +140,150 @@ def test_peers_tell_the_kv_aware_policy_how_many_replicas_route() -> None:
     assert p.policy.replicas == 2
     share.set_peers([])
     assert p.policy.replicas == 1
+
+
+# --- routes: each replica passes on where it sent which prompt, the others record the same guess ---
+
+
+def _logged(share: LoadShare, *routes: tuple[tuple[str, ...], list[int]]) -> None:
+    for workers, blocks in routes:
+        share.note(workers, blocks)
+
+
+@pytest.mark.parametrize(
+    ("since", "want"),
+    [
+        (0, [[[IA], [1, 2]], [[IA, IB], [3]], [[IB], [4, 5, 6]]]),  # all, oldest first
+        (1, [[[IA, IB], [3]], [[IB], [4, 5, 6]]]),
+        (3, []),  # the asker is up to date
+        (9, [[[IA], [1, 2]], [[IA, IB], [3]], [[IB], [4, 5, 6]]]),  # ahead: this replica restarted, all again
+    ],
+)
+def test_routes_since_a_peers_last_poll(since: int, want: list[list[object]]) -> None:
+    share = LoadShare(pool(), ["http://127.0.0.1:7001"])
+    _logged(share, ((A,), [1, 2]), ((A, B), [3]), ((B,), [4, 5, 6]))
+    assert share.seq == 3
+    assert share.routes_since(since) == want
+
+
+def test_a_reply_carries_the_newest_routes_up_to_its_block_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loadshare, "REPLY_BLOCKS", 5)
+    share = LoadShare(pool(), ["http://127.0.0.1:7001"])
+    _logged(share, ((A,), [1, 2]), ((A,), [3, 4, 5]), ((B,), list(range(10, 19))), ((B,), [6, 7]))
+    # the 9-block route never fits a reply and is skipped; the budget then stops at the 3-block one
+    assert share.routes_since(0) == [[[IA], [3, 4, 5]], [[IB], [6, 7]]]
+
+
+def test_the_route_log_is_bounded_and_a_lone_replica_keeps_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loadshare, "LOG_BLOCKS", 6)
+    p = pool()
+    share = LoadShare(p, ["http://127.0.0.1:7001"])
+    assert p.on_route == share.note
+    for i in range(5):
+        share.note((A,), [i, i + 1, i + 2])
+    assert [seq for seq, _, _ in share.log] == [4, 5]
+    share.set_peers([])
+    assert share.pool.on_route is None and not share.log  # (share.pool is p)
+
+
+def test_the_pool_tells_the_hook_which_workers_got_the_prompt() -> None:
+    p = WorkerPool(KvAwarePolicy(), block_chars=256)
+    p.set_workers([WorkerSpec(A, "prefill"), WorkerSpec(B, "decode")])
+    seen: list[tuple[tuple[str, ...], list[int]]] = []
+    p.on_route = lambda workers, blocks: seen.append((workers, list(blocks)))
+    p.route(RouteRequest([11, 12, 13] * 10, 1, 7680))
+    p.route(RouteRequest([], 2, 10))  # no blocks: nothing to pass on
+    assert seen == [((A, B), [11, 12, 13] * 10)]
+
+
+@pytest.mark.parametrize(
+    ("routes", "want"),
+    [
+        ([[[IA], [1, 2, 3]]], {A: 3, B: 0}),
+        ([[[IA, IB], [4, 5]]], {A: 2, B: 2}),
+        ([[[worker_id("http://gone:1")], [1]], [[IB], [9]]], {A: 0, B: 1}),  # not a worker of ours
+        # malformed: skipped one by one, never an exception
+        (
+            [None, [IA, [1]], [[IA], "1,2"], [[IA], [1, "2"]], [[IA], [1.5]], [[IA], []], [[7], [1]], [[IA]]],
+            {A: 0, B: 0},
+        ),
+        ("routes", {A: 0, B: 0}),
+        ([[[IA], [True]]], {A: 0, B: 0}),  # bool is not a block key
+    ],
+)
+def test_learnt_routes_enter_the_index_as_guesses(routes: object, want: dict[str, int]) -> None:
+    p = pool()
+    share = LoadShare(p, ["http://127.0.0.1:7001"])
+    share.learn(routes)
+    assert {n: p.index.blocks_of(n) for n in (A, B)} == {A: 0, B: 0} | want
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=4), lambda c: st.lists(c, max_size=4)))
+@settings(max_examples=300, deadline=None)
+def test_learning_arbitrary_json_never_raises(routes: object) -> None:
+    share = LoadShare(pool(), ["http://127.0.0.1:7001"])
+    share.learn(routes)
+    share.learn([[[IA], routes]])
+
+
+@pytest.mark.parametrize(
+    ("key", "sent", "query", "peer", "status", "fields"),
+    [
+        (None, None, "", "127.0.0.1", 200, None),  # an earlier version's poll: the counts alone
+        (None, None, "?since=0", "127.0.0.1", 200, {"load", "seq", "routes"}),  # a peer's address
+        (None, None, "?since=0", "10.0.0.9", 200, {"load", "seq"}),  # not a peer, no key: no prompt hashes
+        (None, None, "?since=-1", "127.0.0.1", 200, {"load", "seq"}),  # a first poll: where the log stands
+        ("k", "Bearer k", "?since=0", "10.0.0.9", 200, {"load", "seq", "routes"}),  # the key is enough
+        (None, None, "?since=x", "127.0.0.1", 400, None),
+    ],
+)
+async def test_who_reads_the_routes(
+    key: str | None, sent: str | None, query: str, peer: str, status: int, fields: set[str] | None
+) -> None:
+    share = LoadShare(pool(), [f"http://{peer}:7001"], api_key=key)
+    share.note((A,), [1, 2])
+    async with serving(share) as server, aiohttp.ClientSession() as session:
+        headers = {"Authorization": sent} if sent else {}
+        async with session.get(str(server.make_url(PATH)) + query, headers=headers) as resp:
+            assert resp.status == status
+            body = await resp.read()
+    if status == 200:
+        data = orjson.loads(body)
+        if fields is None:
+            assert data == {IA: [0, 0], IB: [0, 0]}
+        else:
+            assert set(data) == fields
+            assert data.get("routes", [[[IA], [1, 2]]]) == [[[IA], [1, 2]]]
+
+
+@pytest.mark.parametrize(
+    ("peers", "routed", "want"),
+    [
+        ([], {}, False),  # a lone replica: nobody to share with (its policy counts one replica anyway)
+        (["http://r1:1", "http://r2:1"], {"http://r1:1": 10.0, "http://r2:1": 9.9}, True),
+        (["http://r1:1", "http://r2:1"], {"http://r1:1": 10.0}, False),  # r2 sends none (not ours to read?)
+        (["http://r1:1"], {"http://r1:1": 9.0}, False),  # r1's last routes are stale
+    ],
+)
+def test_prefixes_may_stick_only_while_every_peer_passes_on_its_routes(
+    peers: list[str], routed: dict[str, float], want: bool
+) -> None:
+    p = pool()
+    share = LoadShare(p, peers, interval=0.1, stale_after=5)
+    share.routed = routed
+    share.apply(10.0)
+    assert isinstance(p.policy, KvAwarePolicy)
+    assert p.policy.routes_shared is want
+
+
+async def test_two_replicas_learn_each_others_routes() -> None:
+    pools = [pool(), pool()]
+    async with exchanging(pools) as shares:
+        await until(lambda: all(s.since for s in shares))  # each has polled once: its cursor stands at the log's end
+        prompt = RouteRequest(list(range(100, 140)), 5, 40 * 256)
+        chosen = pools[0].route(prompt).decode.worker  # replica 0 routes a prompt...
+        await until(lambda: shares[1].learnt > 0)
+        # ...and replica 1 now sees the same 40 blocks on that worker, before any engine event
+        assert pools[1].index.match(prompt.blocks) == {chosen: 40}
+        assert shares[1].learnt == 1 and shares[0].learnt == 0
+        assert all(isinstance(p.policy, KvAwarePolicy) and p.policy.routes_shared for p in pools)

@@ -356,16 +356,20 @@ def test_block_counts_follow_the_block_size(
 
 
 @pytest.mark.parametrize(
-    ("replicas", "fed", "want", "reason"),
+    ("replicas", "fed", "routes", "want", "reason"),
     [
-        (1, False, "a", "prefix"),  # one router: its own routes are the whole picture, the prefix sticks
-        (2, False, None, "spill"),  # replicas with private indexes: load alone decides
-        (2, True, "a", "prefix"),  # replicas sharing the engines' KV events stick again
+        (1, False, False, "a", "prefix"),  # one router: its own routes are the whole picture, the prefix sticks
+        (2, False, False, None, "spill"),  # replicas with private indexes: load alone decides
+        (2, True, False, "a", "prefix"),  # replicas sharing the engines' KV events stick again
+        (2, False, True, "a", "prefix"),  # replicas passing each other their routes too
     ],
 )
-def test_stickiness_needs_an_index_the_replicas_share(replicas: int, fed: bool, want: str | None, reason: str) -> None:
+def test_stickiness_needs_an_index_the_replicas_share(
+    replicas: int, fed: bool, routes: bool, want: str | None, reason: str
+) -> None:
     policy = KvAwarePolicy()
     policy.replicas = replicas
+    policy.routes_shared = routes
     index = index_with(BLOCKS, a=30)
     if fed:
         for name in FOUR:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from xpyd_router.model import RouteRequest
 from xpyd_sim import spec as specs
 from xpyd_sim import trace
 from xpyd_sim.cache import PrefixCache
@@ -104,6 +105,16 @@ def test_shared_load_gives_each_replica_the_others_counts(spec_file: Path) -> No
     sim.router.share_load()
     assert [(p.workers[name].peer_inflight, p.workers[name].peer_blocks) for p in pools] == [(2, 50), (2, 40), (2, 30)]
     assert [p.workers[name].work for p in pools] == [60, 60, 60]
+
+
+@pytest.mark.parametrize(("sync", "seen"), [(0.1, [True, True, True]), (0.0, [True, False, False])])
+def test_replicas_sharing_load_also_pass_on_their_routes(spec_file: Path, sync: float, seen: list[bool]) -> None:
+    sim = Simulation(specs.load(spec_file), [], SimConfig(router_replicas=3, peer_sync_s=sync))
+    pools = sim.router.pools
+    blocks = list(range(500, 520))
+    plan = pools[0].route(RouteRequest(blocks, 1, 20 * 256))
+    sim.router.share_load()
+    assert [bool(p.index.match(blocks).get(plan.decode.worker)) for p in pools] == seen
 
 
 def test_a_smaller_cache_caps_what_a_worker_keeps(spec_file: Path, mooncake_file: Path) -> None:
