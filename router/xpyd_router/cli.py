@@ -91,10 +91,10 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="URL",
-        help="the other router replicas' base URLs: each replica shares its in-flight counts with them "
-        "(with --deployment: found from the pod watch when omitted)",
+        help="the other router replicas' base URLs: each replica shares its in-flight counts and its routes with "
+        "them (with --deployment: found from the pod watch when omitted)",
     )
-    p.add_argument("--peer-sync", type=float, default=0.1, help="seconds between in-flight count exchanges")
+    p.add_argument("--peer-sync", type=float, default=0.1, help="seconds between in-flight count and route exchanges")
     p.add_argument(
         "--direct-below-chars", type=int, default=2048,
         help="kv-aware: uncached prompts shorter than this skip prefill and go to decode (0: never go to decode first)",

@@ -14,8 +14,10 @@ workers each prompt went to and its block keys. Each replica records them in its
 guess it made for its own routes, which the engines' KV events then confirm or correct. Without
 them a replica learns of a peer's route only once the engine has computed the prompt (seconds
 under a queue), and requests sharing that prefix meanwhile look cold to it: simulated on the
-Mooncake trace with 2 replicas, 29.4% prefix hit against one replica's 30.1%, 29.9% with the
-routes shared (bench/results/cache-replicas.md). Block keys are hashes of prompt text, so a
+Mooncake trace with 2 replicas, 29.4% prefix hit against one replica's 30.1%, and 30.1-30.2% at
+2-8 replicas with the routes shared (bench/results/cache-replicas.md). While every peer passes on
+its routes the replicas' indexes agree even without KV events, and the kv-aware policy lets
+prefixes stick (`routes_shared`). Block keys are hashes of prompt text, so a
 replica hands them only to a caller that holds the API key, or, without a key, to one of its
 peers' addresses.
 """
@@ -43,6 +45,8 @@ PATH = "/internal/load"
 LOG_BLOCKS = 1 << 18  # block keys the route log keeps for its peers (a few MB); older routes go first
 REPLY_BLOCKS = 1 << 13  # block keys one reply carries at most (the newest routes; what is older is skipped)
 MAX_ROUTE_BLOCKS = 1 << 16  # a peer's route with more block keys than this is ignored
+MAX_ROUTE_WORKERS = 8  # or naming more workers than this (a route names its prefill and decode worker)
+MAX_REPLY_BYTES = 4 << 20  # a peer's reply longer than this is dropped unread (this version's: < 300 KB)
 
 
 def worker_id(name: str) -> str:
@@ -73,7 +77,7 @@ class LoadShare:
         self.log: deque[tuple[int, list[str], Sequence[int]]] = deque()  # (seq, worker ids, block keys)
         self._logged = 0  # block keys in the log
         self.since: dict[str, int] = {}  # peer -> the last of its routes this replica has
-        self.learnt = 0  # peers' routes recorded in the index
+        self.learnt = 0  # (route, worker) pairs of the peers' recorded in the index
         self._ids: dict[str, str] = {}  # worker name -> worker_id (hashed once)
         self._hosts: set[str] = set()  # the peers' hosts: who may read the routes when there is no key
         self.set_peers(peers)
@@ -88,6 +92,8 @@ class LoadShare:
     def _id(self, name: str) -> str:
         wid = self._ids.get(name)
         if wid is None:
+            if len(self._ids) > 2 * len(self.pool.workers) + 64:  # workers come and go: forget the gone
+                self._ids = {n: i for n, i in self._ids.items() if n in self.pool.workers}
             wid = self._ids[name] = worker_id(name)
         return wid
 
@@ -128,7 +134,9 @@ class LoadShare:
             if not (isinstance(route, list) and len(route) == 2):
                 continue
             ids, blocks = route
-            if not (isinstance(ids, list) and isinstance(blocks, list) and 0 < len(blocks) <= MAX_ROUTE_BLOCKS):
+            if not (isinstance(ids, list) and len(ids) <= MAX_ROUTE_WORKERS and isinstance(blocks, list)):
+                continue
+            if not 0 < len(blocks) <= MAX_ROUTE_BLOCKS:
                 continue
             if not all(type(b) is int for b in blocks):
                 continue
@@ -146,10 +154,9 @@ class LoadShare:
         self.routed = {p: t for p, t in self.routed.items() if p in self.peers}
         self._hosts = {urlsplit(p).hostname or "" for p in self.peers}
         self.pool.on_route = self.note if self.peers else None  # a lone replica logs nothing
-        if not self.peers:
+        if not self.peers:  # a lone replica: clear what the last peers reported, then the loop idles
             self.log.clear()
             self._logged = 0
-        if not self.peers:  # a lone replica: clear what the last peers reported, then the loop idles
             self.apply(time.monotonic())
         if hasattr(self.pool.policy, "replicas"):  # the kv-aware policy sticks prefixes only with a shared index
             self.pool.policy.replicas = len(self.peers) + 1
@@ -183,7 +190,7 @@ class LoadShare:
         fresh = [counts for when, counts in self.reports.values() if now - when <= self.stale_s]
         for name, worker in self.pool.workers.items():
             inflight = blocks = 0
-            wid = worker_id(name)
+            wid = self._id(name)
             for counts in fresh:
                 mine = counts.get(wid)
                 if mine is not None:
@@ -195,7 +202,14 @@ class LoadShare:
         url = f"{peer}{PATH}?since={self.since.get(peer, -1)}"  # -1: no routes yet, only where they stand
         try:
             async with session.get(url, headers=self._headers) as resp:
-                data = orjson.loads(await resp.read()) if resp.status == 200 else None
+                if resp.status != 200:
+                    return
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > MAX_REPLY_BYTES:
+                        return
+                data = orjson.loads(body)
         except (aiohttp.ClientError, TimeoutError, OSError, orjson.JSONDecodeError):
             return
         if not isinstance(data, dict):

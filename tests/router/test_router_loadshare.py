@@ -209,6 +209,7 @@ def test_the_pool_tells_the_hook_which_workers_got_the_prompt() -> None:
         ),
         ("routes", {A: 0, B: 0}),
         ([[[IA], [True]]], {A: 0, B: 0}),  # bool is not a block key
+        ([[[IA] * 9, [1]]], {}),  # a route names its prefill and decode worker, not nine
     ],
 )
 def test_learnt_routes_enter_the_index_as_guesses(routes: object, want: dict[str, int]) -> None:
@@ -287,3 +288,14 @@ async def test_two_replicas_learn_each_others_routes() -> None:
         assert pools[1].index.match(prompt.blocks) == {chosen: 40}
         assert shares[1].learnt == 1 and shares[0].learnt == 0
         assert all(isinstance(p.policy, KvAwarePolicy) and p.policy.routes_shared for p in pools)
+
+
+async def test_a_reply_over_the_size_limit_is_dropped_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loadshare, "MAX_REPLY_BYTES", 200)  # a first reply (counts, no routes) fits
+    pools = [pool(), pool()]
+    async with exchanging(pools) as shares:
+        await until(lambda: all(s.since for s in shares))
+        pools[0].route(RouteRequest(list(range(10**12, 10**12 + 40)), 5, 40 * 256))  # ~600 bytes of keys
+        await asyncio.sleep(0.3)  # six polls
+        assert shares[1].learnt == 0 and shares[1].since[next(iter(shares[1].since))] == 0
+        assert shares[1].pool.index.blocks_of(A) + shares[1].pool.index.blocks_of(B) == 0
