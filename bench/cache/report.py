@@ -125,11 +125,13 @@ def replicas_md(rows: list[dict[str, Any]], header: str) -> str:
 def live_md(res: dict[str, Any], header: str) -> str:
     """The live runs: the real peer routers beside xpyd, and xpyd's router replicas."""
     out = [header, ""]
+    when = res.get("measured", {})  # section -> when it was run (a run may redo one section only)
     peers = res.get("live") or []
     if peers:
         out += [
             "## The real routers on emulated workers (chat, 4 workers, caches half the working set)",
             "",
+            *([f"Measured {when['live']}.", ""] if "live" in when else []),
             "Streamed, answers capped at 32 tokens; hit ratio from the workers' own counters. sglang-router and"
             " vllm-router are the PyPI packages (`.[bench]`); vllm-router's kv_aware needs a HuggingFace"
             " tokenizer and is simulated only (cache-suite.md).",
@@ -151,6 +153,7 @@ def live_md(res: dict[str, Any], header: str) -> str:
             "",
             "## xpyd router replicas (`xpyd load` spreading requests over them)",
             "",
+            *([f"Measured {when['live_replicas']}.", ""] if "live_replicas" in when else []),
             "KV events from every worker to every replica; replicas exchange in-flight counts and routes every 100 ms."
             " Traces replayed `speedup` times faster on emulators running as much faster; latencies shown in modelled"
             " seconds (measured x speedup), SLO: TTFT <= 2 s and mean ITL <= 100 ms modelled.",

@@ -37,9 +37,10 @@ RESULTS = ROOT / "bench" / "results"
 SECTIONS = ("sim", "cpu", "live", "live-replicas")
 
 
-def _header(title: str, res: dict[str, Any], what: str) -> str:
+def _header(title: str, res: dict[str, Any], what: str, dated: bool = True) -> str:
+    when = f" {res['when']}" if dated else ""  # undated: each section says when it was measured
     return (
-        f"# {title}\n\nMeasured {res['when']} on {res['machine']} by `.venv/bin/python bench/cache/run.py"
+        f"# {title}\n\nMeasured{when} on {res['machine']} by `.venv/bin/python bench/cache/run.py"
         f"{' --quick' if res['quick'] else ''}` ({what}). Numbers from one run; the machine's 2 cores are shared."
     )
 
@@ -63,6 +64,8 @@ def main() -> int:
     }
     saved = args.out / "cache.json"
     old = json.loads(saved.read_text()) if saved.is_file() else {}
+    ran = {"sim": ["sim"], "cpu": ["cpu"], "live": ["live"], "live-replicas": ["live_replicas"]}
+    res["measured"] = old.get("measured", {}) | {key: res["when"] for s in only for key in ran[s]}
     start = time.monotonic()
     if "sim" in only:
         names = [s.name for s in scenarios.SCENARIOS][:3] if args.quick else None
@@ -106,7 +109,7 @@ def main() -> int:
             res["live_replicas"] = live.run_replicas(logs, quick=args.quick)
         merged = {**old, **res}
         (args.out / "cache-live.md").write_text(
-            report.live_md(merged, _header("Live runs on emulated workers", res, "live sections"))
+            report.live_md(merged, _header("Live runs on emulated workers", res, "live sections", dated=False))
         )
     res["seconds"] = time.monotonic() - start
     saved.write_text(json.dumps({**old, **res}, indent=1, default=str))
