@@ -214,6 +214,7 @@ class LoadShare:
             return
         if not isinstance(data, dict):
             return
+        now = time.monotonic()
         counts = data.get("load")
         if isinstance(counts, dict):  # this version's reply: counts, then the routes since the last poll
             seq = data.get("seq")
@@ -221,11 +222,11 @@ class LoadShare:
                 self.since[peer] = seq
             routes = data.get("routes")
             if isinstance(routes, list):
-                self.routed[peer] = time.monotonic()
+                self.routed[peer] = now
                 self.learn(routes)
         else:  # an earlier version's: the counts alone
             counts = data
-        self.reports[peer] = (time.monotonic(), {str(k): v for k, v in counts.items() if isinstance(v, list)})
+        self.reports[peer] = (now, {str(k): v for k, v in counts.items() if isinstance(v, list)})
 
     async def run(self, _: WorkerPool | None = None) -> None:
         """Poll every peer each interval, forever (a background job of the router)."""

@@ -75,13 +75,17 @@ class BasePolicy:
         return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))
 
 
+def recipients(plan: Plan) -> tuple[str, ...]:
+    """The workers that end up holding the prompt: the prefill worker computed it, the decode worker received it."""
+    return (plan.decode.worker,) if plan.prefill is None else (plan.prefill.worker, plan.decode.worker)
+
+
 def record(index: PrefixIndex, plan: Plan, req: RouteRequest) -> None:
-    """After routing: the prefill worker computed the blocks, the decode worker received them."""
+    """After routing: the prompt's blocks are cached on each of the plan's recipients."""
     if not req.blocks:
         return
-    if plan.prefill is not None:
-        index.record(plan.prefill.worker, req.blocks)
-    index.record(plan.decode.worker, req.blocks)
+    for worker in recipients(plan):
+        index.record(worker, req.blocks)
 
 
 def first_hop_blocks(plan: Plan, req: RouteRequest) -> int:

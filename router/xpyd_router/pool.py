@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from xpyd_router.block_keys import RequestKeys
 from xpyd_router.model import NoWorker, Plan, Policy, Role, RouteRequest, WorkerState
-from xpyd_router.policy_base import record
+from xpyd_router.policy_base import recipients, record
 from xpyd_router.prefix_index import PrefixIndex
 from xpyd_router.scrape import WorkerMetrics
 from xpyd_router.targets import rank_endpoint, split_target, target_name
@@ -124,8 +124,7 @@ class WorkerPool:
         plan = self.policy.plan(req, prefill, decode, self.index)
         record(self.index, plan, req)
         if self.on_route is not None and req.blocks:
-            sent = (plan.decode.worker,) if plan.prefill is None else (plan.prefill.worker, plan.decode.worker)
-            self.on_route(sent, req.blocks)
+            self.on_route(recipients(plan), req.blocks)
         return plan
 
     def begin(self, name: str, blocks: int = 0) -> None:

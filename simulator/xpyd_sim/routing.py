@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -154,12 +155,11 @@ class SimRouter:
         """Each replica learns the in-flight counts the others have on every worker (load sharing),
         and records the routes the others chose since the last exchange."""
         for i, log in enumerate(self._routes):
-            for j, pool in enumerate(self.pools):
-                if j != i:
-                    for workers, keys in log:
-                        for name in workers:
-                            if name in pool.workers:
-                                pool.index.record(name, keys)
+            others = [pool for j, pool in enumerate(self.pools) if j != i]
+            for (workers, keys), pool in itertools.product(log, others):
+                for name in workers:
+                    if name in pool.workers:
+                        pool.index.record(name, keys)
             log.clear()
         totals: dict[str, list[int]] = {}
         for pool in self.pools:
