@@ -194,16 +194,16 @@ NOTES = {
     " so the quieter worker's cache keeps a longer window of the trace and hits more (10% there, 5% on"
     " the busy one). Matching it would take the same overload, which costs the peer TTFT p99 21 s and"
     " 47% SLO attainment against xpyd's 4.4 s and 94%.",
-    "rag-large": "0.04 point on the mean of ten draws (xpyd ahead on 2, within 0.01 on 3), with a TTFT p99 a"
-    " fifth lower on every draw (0.55 s vs 0.67 s). Not the spills' doing, as first thought: xpyd's spills"
-    " land on a worker holding as much of the prompt as the preferred one (rag-small, seed 0: 842 spills"
-    " gave up 18 blocks in all), and variants that spill far less (load_factor 1.5; ties between the"
-    " holders of a document kept at 2x or 3x the mean load) end at the same hit ratio. The gap is in what"
-    " the caches hold: on the 4,828 requests of seed 0 that both routers sent to their longest match, the"
-    " match xpyd found was 3.4 tokens shorter on average (of about 3,600). Also tried without closing it:"
-    " ranking equal matches by in-flight work, by blocks ever stored (the peer's smallest tree), by a"
-    " rendezvous on the deepest common block or on the first uncached block, a KV-usage cap on"
-    " stickiness, and graded stickiness; each lost more elsewhere (chat at 28 req/s, agents) than it"
-    " gained here.",
-    "rag-small": "see rag-large: 0.09 point on the mean, 0.03-0.16 on each draw; TTFT p99 0.59 s vs 0.77 s.",
+    "rag-large": "0.04 point on the mean of ten draws, within 0.1 on each, with a TTFT p99 a third lower on"
+    " every draw (0.47 s vs 0.67 s). What is left is the price of the 2x sticky bound: at 3x xpyd was 0.06"
+    " point ahead here and 0.03 behind on rag-small, but let agent sessions pile onto one worker until its"
+    " cache thrashed (6 of 20 agent draws below 90% hit, TTFT p99 in minutes; none at 2x). Found and fixed"
+    " on the way: the index let an engine's store move the computed tail above the reused prefix, so it"
+    " evicted a document the engine still held and sent its next prompt elsewhere (PrefixIndex.confirm;"
+    " rag-small -0.09 to -0.02 at 3x); equal prefixes now go to the worker that took the fewest blocks"
+    " lately (PrefixIndex.recent), not the emptiest cache, which is every cache once they are full. Tried"
+    " without closing the rest: the sticky bound at 2.5x (rag-small -0.06, an agent draw tipped), 3x on the"
+    " uncached-work bound alone or a larger work slack (agents tip), ties in rank order instead of the"
+    " least work, a home per document kept after eviction (chat and agents lost more).",
+    "rag-small": "see rag-large: 0.10 point on the mean, 0.0-0.2 on each draw; TTFT p99 0.47 s vs 0.77 s.",
 }

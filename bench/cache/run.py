@@ -84,7 +84,7 @@ def main() -> int:
                 _header("Router replicas (simulated)", res, "sim section")
                 + "\n\n`xpyd simulate` with the kv-aware policy; requests spread over the replicas in turn"
                 " (a Service). Before: each replica's index fed by its own routes, no shared load: each bounds a"
-                " worker by the 1/N of its load it sees, and the sticky bound (3x the mean) lets a replica pile"
+                " worker by the 1/N of its load it sees, and the sticky bound (2x the mean) lets a replica pile"
                 " prefixes onto a worker the others also load. Own routes + sharing: a router without the engines'"
                 " events (no tokenizer for them): the replicas, found in the pod watch, exchange their in-flight"
                 f" counts and the routes they chose every {suite.PEER_SYNC_S * 1000:.0f} ms, each recording the"

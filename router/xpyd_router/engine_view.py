@@ -89,7 +89,7 @@ class EngineView:
         blocks = self.blocks
         for i, (engine_hash, key) in enumerate(zip(event.hashes, keys, strict=False)):
             blocks[engine_hash] = key | (depth + i) << 64
-        self.index.store(self.worker, keys, trim=False)
+        self.index.confirm(self.worker, keys, trim=False)
         self.stats.stored += len(keys)
 
     def _removed(self, hashes: list[int]) -> None:

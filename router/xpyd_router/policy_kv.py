@@ -2,9 +2,9 @@
 
 Prefill (or the one hop of a co-located pool) goes to the first worker, in an order every router
 replica computes alike, that is within its bounds: workers holding a longer cached prefix of the
-prompt first; among equals the one holding the fewest blocks (its cache evicts least; only where the
-replicas share the picture: one router, or engine events), then by rendezvous weight of the
-request's affinity key (its leading blocks). The
+prompt first; among equals the one that took the fewest prompt blocks lately (`PrefixIndex.recent`;
+only where the replicas share the picture: one router, or engine events), then by rendezvous weight
+of the request's affinity key (its leading blocks). The
 bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight
 uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
 `stick_factor` replaces `load_factor` for a worker whose lead over the runner-up is `stick_blocks`
@@ -51,7 +51,7 @@ class KvAwareConfig:
     load_factor: float = 1.15  # a worker takes a request while its load < load_factor x mean load + load_slack
     load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
     stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
-    stick_factor: float = 3.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    stick_factor: float = 2.0  # ...stays there until its load reaches stick_factor x mean + load_slack
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
@@ -113,11 +113,11 @@ class KvAwarePolicy(BasePolicy):
         for w in workers:
             load += w.load
             work += w.work
-        # Equal prefixes: the emptiest cache first (it evicts least), where the replicas see the same
-        # caches; then the rendezvous order.
+        # Equal prefixes: the worker that took the fewest blocks lately first, where the replicas see
+        # the same caches; then the rendezvous order.
         ranked = sorted(
             (
-                (matches.get(w.name, 0), -index.blocks_of(w.name) if sticky else 0, weight(key, w.name), i)
+                (matches.get(w.name, 0), -index.recent(w.name) if sticky else 0, weight(key, w.name), i)
                 for i, w in enumerate(workers)
             ),
             reverse=True,

@@ -43,7 +43,7 @@ class EventFedIndex(PrefixIndex):
         self.set_fed(worker, not self.own)
 
     def stored(self, worker: str, blocks: Sequence[int]) -> None:
-        self.store(worker, blocks)
+        self.confirm(worker, blocks)
 
 
 class EventBus:

@@ -374,7 +374,7 @@ def test_stickiness_needs_an_index_the_replicas_share(
     if fed:
         for name in FOUR:
             index.fed.add(name)
-    decision = policy.choose_prefill(RouteRequest(BLOCKS, key=3), pool(a={"running": 4.0}), index)
+    decision = policy.choose_prefill(RouteRequest(BLOCKS, key=3), pool(a={"running": 2.0}), index)
     assert decision.reason == reason
     if want is not None:
         assert decision.worker == want
@@ -385,12 +385,12 @@ def test_stickiness_needs_an_index_the_replicas_share(
 @pytest.mark.parametrize(
     ("replicas", "fed", "want"),
     [
-        (1, False, "emptiest"),  # one router: its index is the whole picture
-        (2, True, "emptiest"),  # replicas fed the same engine events
+        (1, False, "least-taken"),  # one router: its index is the whole picture
+        (2, True, "least-taken"),  # replicas fed the same engine events
         (2, False, "home"),  # private indexes differ between replicas: the rendezvous home alone
     ],
 )
-def test_equal_prefixes_go_to_the_emptiest_cache_where_replicas_see_the_same(
+def test_equal_prefixes_go_to_the_worker_that_took_least_where_replicas_see_the_same(
     replicas: int, fed: bool, want: str
 ) -> None:
     index = PrefixIndex()
@@ -398,11 +398,11 @@ def test_equal_prefixes_go_to_the_emptiest_cache_where_replicas_see_the_same(
     for i, name in enumerate(FOUR):  # all hold the shared 4-block head; the home the most besides
         index.record(name, BLOCKS[:4])
         index.record(name, [1000 * (i + 1) + j for j in range(50 if name == HOME else 10 + i)])
-    emptiest = min(other, key=index.blocks_of)
+    least = min(other, key=index.recent)
     if fed:
         index.fed.update(FOUR)
     policy = KvAwarePolicy()
     policy.replicas = replicas
     decision = policy.choose_prefill(RouteRequest(BLOCKS, key=7), pool(), index)
-    assert decision.worker == (emptiest if want == "emptiest" else HOME)
+    assert decision.worker == (least if want == "least-taken" else HOME)
     assert decision.reason == "prefix"
