@@ -100,6 +100,20 @@ def test_router_and_emulated_workers_run_under_restricted(
         reply = httpx.post(f"http://{routers[0].status.podIP}:8000/v1/completions", json=body, timeout=30)
         assert reply.status_code == 200, reply.text
 
+        # The two replicas find each other in the pod watch and pass each other their routes without an
+        # API key: each polls from its own pod IP, which the other knows as a peer's. A route is passed
+        # on once the replica knows a peer, so each probe routes another prompt through the first one.
+        long = body | {"prompt": "Route me where my prefix is cached. " * 64}  # whole KV blocks to pass on
+
+        def learnt() -> str | None:
+            httpx.post(f"http://{routers[0].status.podIP}:8000/v1/completions", json=long, timeout=30)
+            text = httpx.get(f"http://{routers[1].status.podIP}:8000/metrics", timeout=10).text
+            lines = {line.split("{")[0]: line.rsplit(" ", 1)[1] for line in text.splitlines() if "_peer" in line}
+            flowing = lines.get("xpyd_router_peers_sharing_routes") == "1.0"
+            return text if flowing and float(lines.get("xpyd_router_peer_routes_total", "0")) >= 1 else None
+
+        wait_for(learnt, 60, interval=1, what="the second router replica recording the first one's route")
+
 
 def test_router_runs_while_root_engines_are_refused(deploy: Any, op_kube: Kube, restricted: str) -> None:
     """vLLM runs as root: `restricted` refuses its pods (FailedCreate, as troubleshooting.md says) and

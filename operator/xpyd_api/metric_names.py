@@ -54,6 +54,9 @@ ROUTER_INFLIGHT: Final = "xpyd_router_inflight_requests"
 ROUTER_TOKENIZER_LOADED: Final = "xpyd_router_tokenizer_loaded"  # 1: prompts keyed by the engines' tokens
 ROUTER_KV_EVENT_BATCHES: Final = "xpyd_router_kv_event_batches_total"  # per worker (data-parallel rank)
 ROUTER_KV_EVENT_BLOCKS: Final = "xpyd_router_kv_event_blocks_total"  # per worker and outcome
+ROUTER_PEERS: Final = "xpyd_router_peers"  # the other router replicas this one exchanges with
+ROUTER_PEERS_SHARING_ROUTES: Final = "xpyd_router_peers_sharing_routes"  # 1: every peer passes on its routes
+ROUTER_PEER_ROUTES: Final = "xpyd_router_peer_routes_total"  # peers' routes recorded in the index
 
 # --- the operator's autoscaler (labels namespace, deployment, role) ---
 AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"

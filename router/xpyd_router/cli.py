@@ -236,9 +236,9 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         background.append(hub.run)
     share = None
     if args.peers or args.deployment:  # in a cluster the other replicas come from the pod watch
-        from xpyd_router.loadshare import LoadShare
+        from xpyd_router.loadshare import LoadShare, poll_source
 
-        share = LoadShare(pool, args.peers, args.peer_sync, api_key=args.api_key)
+        share = LoadShare(pool, args.peers, args.peer_sync, api_key=args.api_key, source=poll_source(args.host))
         background.append(share.run)
     if args.deployment:
         from xpyd_router.discovery import watch_deployment
@@ -251,6 +251,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         background.append(discover)
     metrics = RouterMetrics(args.deployment or "standalone")
     metrics.tokenizer(args.tokenizer, keys.engine_aligned)
+    if share is not None:
+        metrics.peers(share)
     if hub is not None:
         metrics.kv_events(lambda: {name: view.stats for name, view in hub.views.items()})
     config = ProxyConfig(

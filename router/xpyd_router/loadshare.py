@@ -19,7 +19,9 @@ Mooncake trace with 2 replicas, 29.4% prefix hit against one replica's 30.1%, an
 its routes the replicas' indexes agree even without KV events, and the kv-aware policy lets
 prefixes stick (`routes_shared`). Block keys are hashes of prompt text, so a
 replica hands them only to a caller that holds the API key, or, without a key, to one of its
-peers' addresses.
+peers' addresses; a replica polls from the address it serves on, so that check holds where pods
+share one machine (the local cluster). Behind a proxy that rewrites source addresses (a service mesh
+sidecar) only the key makes the routes flow.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import time
 from collections import deque
@@ -49,6 +52,16 @@ MAX_ROUTE_WORKERS = 8  # or naming more workers than this (a route names its pre
 MAX_REPLY_BYTES = 4 << 20  # a peer's reply longer than this is dropped unread (this version's: < 300 KB)
 
 
+def poll_source(host: str) -> str | None:
+    """The address to poll peers from: the one the router listens on when that is one address (in a pod,
+    `--host $(POD_IP)`), else None (a wildcard or a name: the system picks)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return None if address.is_unspecified else str(address)
+
+
 def worker_id(name: str) -> str:
     """The id replicas share a worker's counts under: its URL hashed, so the endpoint names no address."""
     return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
@@ -64,8 +77,13 @@ class LoadShare:
         interval: float = 0.1,
         stale_after: float = 5.0,
         api_key: str | None = None,
+        source: str | None = None,
     ) -> None:
         self.pool = pool
+        # the address the polls leave from: the one this replica serves on, so that a peer that checks
+        # the caller's address against its peers' finds it (pods on one host, as in the local cluster,
+        # would otherwise all poll from its first address); None: the system picks
+        self.source = source
         self.peers: list[str] = []
         self.access = ApiKey(api_key)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -78,6 +96,7 @@ class LoadShare:
         self._logged = 0  # block keys in the log
         self.since: dict[str, int] = {}  # peer -> the last of its routes this replica has
         self.learnt = 0  # (route, worker) pairs of the peers' recorded in the index
+        self.routes_flowing = False  # every peer's replies carried routes lately (the policy's routes_shared)
         self._ids: dict[str, str] = {}  # worker name -> worker_id (hashed once)
         self._hosts: set[str] = set()  # the peers' hosts: who may read the routes when there is no key
         self.set_peers(peers)
@@ -183,10 +202,11 @@ class LoadShare:
     def apply(self, now: float) -> None:
         """Sum the fresh peer reports into every worker's peer counts; tell the policy whether every
         peer is passing on its routes (then the replicas' indexes agree and prefixes may stick)."""
+        self.routes_flowing = bool(self.peers) and all(
+            now - self.routed.get(p, -1e18) <= self.stale_s for p in self.peers
+        )
         if hasattr(self.pool.policy, "routes_shared"):
-            self.pool.policy.routes_shared = bool(self.peers) and all(
-                now - self.routed.get(p, -1e18) <= self.stale_s for p in self.peers
-            )
+            self.pool.policy.routes_shared = self.routes_flowing
         fresh = [counts for when, counts in self.reports.values() if now - when <= self.stale_s]
         for name, worker in self.pool.workers.items():
             inflight = blocks = 0
@@ -231,7 +251,8 @@ class LoadShare:
     async def run(self, _: WorkerPool | None = None) -> None:
         """Poll every peer each interval, forever (a background job of the router)."""
         timeout = aiohttp.ClientTimeout(total=max(self.interval, 0.05))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        connector = aiohttp.TCPConnector(local_addr=(self.source, 0)) if self.source else None
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             while True:
                 started = time.monotonic()
                 if not self.peers:  # nobody to ask: no requests, no per-worker pass on the router's loop

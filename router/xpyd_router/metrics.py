@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from xpyd_api import metric_names as names
 
@@ -66,6 +66,45 @@ class _KvEvents:
                                ("orphaned", stats.orphans), ("mismatched", stats.mismatched)):  # fmt: skip
                 blocks.add_metric([self.deployment, worker, outcome], n)
         return [batches, blocks]
+
+
+class PeerState(Protocol):
+    """What the replica exchange knows (xpyd_router.loadshare.LoadShare)."""
+
+    peers: list[str]
+    routes_flowing: bool
+    learnt: int
+
+
+class _Peers:
+    """The exchange between router replicas, read at scrape time: how many peers, whether every one
+    passes on its routes, and how many of their routes this replica recorded."""
+
+    def __init__(self, deployment: str, state: PeerState) -> None:
+        self.deployment, self.state = deployment, state
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        d = [self.deployment]
+        peers = GaugeMetricFamily(
+            names.ROUTER_PEERS, "Other router replicas this one exchanges with.", labels=["deployment"]
+        )
+        peers.add_metric(d, len(self.state.peers))
+        sharing = GaugeMetricFamily(
+            names.ROUTER_PEERS_SHARING_ROUTES,
+            "1 while every peer passes on the routes it chose, so the replicas' indexes agree; 0 with peers "
+            "that send counts only (an older version, or this replica's address unknown to them: set an API key).",
+            labels=["deployment"],
+        )
+        sharing.add_metric(d, 1 if self.state.routes_flowing else 0)
+        learnt = CounterMetricFamily(
+            names.ROUTER_PEER_ROUTES.removesuffix("_total"),
+            "Peers' routes recorded in this replica's index (one per route and worker).", labels=["deployment"],
+        )  # fmt: skip
+        learnt.add_metric(d, self.state.learnt)
+        return [peers, sharing, learnt]
 
 
 class RouterMetrics:
@@ -208,6 +247,10 @@ class RouterMetrics:
     def kv_events(self, views: Callable[[], Mapping[str, EventCounts]]) -> None:
         """Export the KV event counts of the views `views()` returns, read at each scrape."""
         self.registry.register(_KvEvents(self.deployment, views))
+
+    def peers(self, state: PeerState) -> None:
+        """Export the replica exchange's state, read at each scrape."""
+        self.registry.register(_Peers(self.deployment, state))
 
     def tokenizer(self, spec: str, loaded: bool) -> None:
         """Whether the --tokenizer asked for (`spec`) is in use: an hf: one that could not be fetched is 0."""

@@ -32,11 +32,11 @@ def pool() -> WorkerPool:
 
 
 @contextlib.asynccontextmanager
-async def serving(share: LoadShare) -> AsyncIterator[TestServer]:
+async def serving(share: LoadShare, host: str = "127.0.0.1") -> AsyncIterator[TestServer]:
     """The replica's endpoint on a loopback port."""
     app = web.Application()
     app.router.add_get(PATH, share.handle)
-    server = TestServer(app, host="127.0.0.1")
+    server = TestServer(app, host=host)
     await server.start_server()
     try:
         yield server
@@ -45,10 +45,13 @@ async def serving(share: LoadShare) -> AsyncIterator[TestServer]:
 
 
 @contextlib.asynccontextmanager
-async def exchanging(pools: list[WorkerPool]) -> AsyncIterator[list[LoadShare]]:
-    """Two live replicas, each serving its endpoint and polling the other's every 50 ms."""
-    shares = [LoadShare(p, [], interval=0.05) for p in pools]
-    async with serving(shares[0]) as first, serving(shares[1]) as second:
+async def exchanging(
+    pools: list[WorkerPool], hosts: tuple[str, str] = ("127.0.0.1", "127.0.0.1"), bind: bool = False
+) -> AsyncIterator[list[LoadShare]]:
+    """Two live replicas, each serving its endpoint on its host and polling the other's every 50 ms
+    (from its own host when `bind`)."""
+    shares = [LoadShare(p, [], interval=0.05, source=h if bind else None) for p, h in zip(pools, hosts, strict=True)]
+    async with serving(shares[0], hosts[0]) as first, serving(shares[1], hosts[1]) as second:
         shares[0].set_peers([str(second.make_url("")).rstrip("/")])
         shares[1].set_peers([str(first.make_url("")).rstrip("/")])
         tasks = [asyncio.create_task(s.run()) for s in shares]
@@ -299,3 +302,49 @@ async def test_a_reply_over_the_size_limit_is_dropped_unread(monkeypatch: pytest
         await asyncio.sleep(0.3)  # six polls
         assert shares[1].learnt == 0 and shares[1].since[next(iter(shares[1].since))] == 0
         assert shares[1].pool.index.blocks_of(A) + shares[1].pool.index.blocks_of(B) == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "want"),
+    [("10.1.2.3", "10.1.2.3"), ("fd00::5", "fd00::5"), ("0.0.0.0", None), ("::", None), ("router-0", None)],
+)
+def test_polls_leave_from_the_address_the_router_serves_on(host: str, want: str | None) -> None:
+    assert loadshare.poll_source(host) == want
+
+
+@pytest.mark.parametrize("bind", [True, False])
+async def test_replicas_sharing_one_host_pass_routes_when_polling_from_their_own_address(bind: bool) -> None:
+    """Pods on one machine (the local cluster: every pod IP a loopback address) poll from its first
+    address unless the poll leaves from the replica's own: then the peer, which hands routes without a
+    key only to its peers' addresses, does not know the caller and sends counts alone."""
+    pools = [pool(), pool()]
+    async with exchanging(pools, hosts=("127.0.0.2", "127.0.0.3"), bind=bind) as shares:
+        await until(lambda: all(s.since for s in shares))
+        pools[0].route(RouteRequest(list(range(100, 140)), 5, 40 * 256))
+        await until(lambda: shares[1].learnt > 0)
+        if not bind:
+            await asyncio.sleep(0.2)  # four more polls: still nothing
+        assert (shares[1].learnt > 0) is bind
+        assert all(s.reports for s in shares)  # the counts flow either way
+
+
+async def test_the_exchange_shows_in_the_routers_metrics() -> None:
+    """An operator sees whether replicas share routes: peers, whether every one passes them on, how
+    many were recorded (0 sharing with peers means their polls do not reach, or do not know, this one)."""
+    from prometheus_client import generate_latest
+
+    from xpyd_router.metrics import RouterMetrics
+
+    pools = [pool(), pool()]
+    async with exchanging(pools) as shares:
+        metrics = RouterMetrics("dd")
+        metrics.peers(shares[1])
+        before = generate_latest(metrics.registry).decode()
+        await until(lambda: all(s.since for s in shares) and shares[1].routes_flowing)
+        pools[0].route(RouteRequest(list(range(100, 140)), 5, 40 * 256))
+        await until(lambda: shares[1].learnt > 0)
+        text = generate_latest(metrics.registry).decode()
+    assert 'xpyd_router_peers{deployment="dd"} 1.0' in before
+    assert 'xpyd_router_peer_routes_total{deployment="dd"} 0.0' in before
+    assert 'xpyd_router_peers_sharing_routes{deployment="dd"} 1.0' in text
+    assert 'xpyd_router_peer_routes_total{deployment="dd"} 1.0' in text
