@@ -62,6 +62,13 @@ def poll_source(host: str) -> str | None:
     return None if address.is_unspecified else str(address)
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def worker_id(name: str) -> str:
     """The id replicas share a worker's counts under: its URL hashed, so the endpoint names no address."""
     return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
@@ -218,6 +225,13 @@ class LoadShare:
                     blocks += mine[1]
             worker.peer_inflight, worker.peer_blocks = inflight, blocks
 
+    def _session(self, peer: str, bound: aiohttp.ClientSession, plain: aiohttp.ClientSession) -> aiohttp.ClientSession:
+        """Polls leave from this replica's own address, except from a loopback one to a peer elsewhere
+        (a router listening on 127.0.0.1 could not reach it from there)."""
+        if self.source and _loopback(self.source) and not _loopback(urlsplit(peer).hostname or ""):
+            return plain
+        return bound
+
     async def _poll(self, session: aiohttp.ClientSession, peer: str) -> None:
         url = f"{peer}{PATH}?since={self.since.get(peer, -1)}"  # -1: no routes yet, only where they stand
         try:
@@ -252,13 +266,16 @@ class LoadShare:
         """Poll every peer each interval, forever (a background job of the router)."""
         timeout = aiohttp.ClientTimeout(total=max(self.interval, 0.05))
         connector = aiohttp.TCPConnector(local_addr=(self.source, 0)) if self.source else None
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as bound,
+            aiohttp.ClientSession(timeout=timeout) as plain,
+        ):
             while True:
                 started = time.monotonic()
                 if not self.peers:  # nobody to ask: no requests, no per-worker pass on the router's loop
                     await asyncio.sleep(self.interval)
                     continue
                 with contextlib.suppress(Exception):  # one bad round must not end the exchange
-                    await asyncio.gather(*(self._poll(session, p) for p in list(self.peers)))
+                    await asyncio.gather(*(self._poll(self._session(p, bound, plain), p) for p in list(self.peers)))
                     self.apply(time.monotonic())
                 await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))

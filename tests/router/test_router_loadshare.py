@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -348,3 +349,18 @@ async def test_the_exchange_shows_in_the_routers_metrics() -> None:
     assert 'xpyd_router_peer_routes_total{deployment="dd"} 0.0' in before
     assert 'xpyd_router_peers_sharing_routes{deployment="dd"} 1.0' in text
     assert 'xpyd_router_peer_routes_total{deployment="dd"} 1.0' in text
+
+
+@pytest.mark.parametrize(
+    ("source", "peer", "want"),
+    [
+        ("127.0.0.2", "http://127.0.0.3:8000", "bound"),  # the local cluster: from the pod's own address
+        ("127.0.0.1", "http://10.0.0.5:8000", "plain"),  # a loopback listener cannot reach a peer elsewhere from there
+        ("10.0.0.4", "http://10.0.0.5:8000", "bound"),  # a pod IP: from it
+        (None, "http://10.0.0.5:8000", "bound"),  # no source: the bound session is the system's choice too
+    ],
+)
+def test_which_address_a_poll_leaves_from(source: str | None, peer: str, want: str) -> None:
+    share = LoadShare(pool(), [peer], source=source)
+    sessions: dict[str, Any] = {"bound": object(), "plain": object()}
+    assert share._session(peer, sessions["bound"], sessions["plain"]) is sessions[want]
