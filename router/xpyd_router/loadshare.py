@@ -52,21 +52,23 @@ MAX_ROUTE_WORKERS = 8  # or naming more workers than this (a route names its pre
 MAX_REPLY_BYTES = 4 << 20  # a peer's reply longer than this is dropped unread (this version's: < 300 KB)
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
 def poll_source(host: str) -> str | None:
     """The address to poll peers from: the one the router listens on when that is one address (in a pod,
     `--host $(POD_IP)`), else None (a wildcard or a name: the system picks)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return None if address.is_unspecified else str(address)
+    address = _address(host)
+    return None if address is None or address.is_unspecified else str(address)
 
 
 def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    address = _address(host)
+    return address.is_loopback if address is not None else host == "localhost"
 
 
 def worker_id(name: str) -> str:
@@ -106,6 +108,7 @@ class LoadShare:
         self.routes_flowing = False  # every peer's replies carried routes lately (the policy's routes_shared)
         self._ids: dict[str, str] = {}  # worker name -> worker_id (hashed once)
         self._hosts: set[str] = set()  # the peers' hosts: who may read the routes when there is no key
+        self._far: set[str] = set()  # peers polled from the system's address (see set_peers)
         self.set_peers(peers)
 
     def counts(self) -> dict[str, list[int]]:
@@ -179,6 +182,10 @@ class LoadShare:
         self.since = {p: s for p, s in self.since.items() if p in self.peers}
         self.routed = {p: t for p, t in self.routed.items() if p in self.peers}
         self._hosts = {urlsplit(p).hostname or "" for p in self.peers}
+        # polls leave from this replica's own address, except from a loopback one to a peer elsewhere
+        # (a router listening on 127.0.0.1 could not reach it from there)
+        near = not self.source or not _loopback(self.source)
+        self._far = set() if near else {p for p in self.peers if not _loopback(urlsplit(p).hostname or "")}
         self.pool.on_route = self.note if self.peers else None  # a lone replica logs nothing
         if not self.peers:  # a lone replica: clear what the last peers reported, then the loop idles
             self.log.clear()
@@ -226,11 +233,8 @@ class LoadShare:
             worker.peer_inflight, worker.peer_blocks = inflight, blocks
 
     def _session(self, peer: str, bound: aiohttp.ClientSession, plain: aiohttp.ClientSession) -> aiohttp.ClientSession:
-        """Polls leave from this replica's own address, except from a loopback one to a peer elsewhere
-        (a router listening on 127.0.0.1 could not reach it from there)."""
-        if self.source and _loopback(self.source) and not _loopback(urlsplit(peer).hostname or ""):
-            return plain
-        return bound
+        """The session that polls the peer: from this replica's own address, or the system's (`_far`)."""
+        return plain if peer in self._far else bound
 
     async def _poll(self, session: aiohttp.ClientSession, peer: str) -> None:
         url = f"{peer}{PATH}?since={self.since.get(peer, -1)}"  # -1: no routes yet, only where they stand
