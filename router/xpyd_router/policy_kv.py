@@ -8,7 +8,9 @@ of the request's affinity key (its leading blocks). The
 bounds: in-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight
 uncached prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`);
 `stick_factor` replaces `load_factor` for a worker whose lead over the runner-up is `stick_blocks`
-or `stick_share` of the prompt (moving it would recompute that much). A prefix thus stays on one
+or `stick_share` of the prompt (moving it would recompute that much), `hot_stick_factor` while that
+worker took more than `hot_recent` x the pool's mean of blocks lately (a hot spot: one prefix
+drawing more than a worker's share). A prefix thus stays on one
 worker until that worker is really busier than the rest, then spills to the worker within bounds
 with the least prefill work ahead of the request (its in-flight uncached blocks plus this request's
 uncached blocks there: a worker holding part of the prompt costs less), the same on every replica
@@ -51,7 +53,9 @@ class KvAwareConfig:
     load_factor: float = 1.15  # a worker takes a request while its load < load_factor x mean load + load_slack
     load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
     stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
-    stick_factor: float = 2.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    stick_factor: float = 3.0  # ...stays there until its load reaches stick_factor x mean + load_slack
+    hot_recent: float = 1.2  # unless the worker took more than this x the pool's mean of blocks lately
+    hot_stick_factor: float = 2.0  # (PrefixIndex.recent): then this bound, the hot spot's prefixes spill sooner
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
@@ -127,7 +131,7 @@ class KvAwarePolicy(BasePolicy):
         factor = cfg.load_factor
         lead = ranked[0][0] - ranked[1][0]
         if sticky and lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds it
-            factor = cfg.stick_factor
+            factor = self._stick_factor(workers, workers[ranked[0][3]].name, index)
         spill = None
         for i, (hit, _, _, at) in enumerate(ranked):
             w = workers[at]
@@ -147,6 +151,18 @@ class KvAwarePolicy(BasePolicy):
         least = min(w.load for w in workers) + cfg.load_slack
         hit, _, _, at = next(r for r in ranked if workers[r[3]].load <= least)
         return Decision(workers[at].name, "load", hit)
+
+    def _stick_factor(self, workers: Sequence[WorkerState], holder: str, index: PrefixIndex) -> float:
+        """The load bound of the only worker holding a prompt's prefix: `stick_factor`, or
+        `hot_stick_factor` while it took more than `hot_recent` x the pool's mean of blocks lately.
+        A prefix that draws more traffic than its holder's share (an agent kind's tool preamble, a
+        popular document) then spreads to a second worker before the sessions it attracts outgrow
+        that worker's cache; the others keep their prefixes up to the wider bound."""
+        cfg = self.config
+        taken = index.recent(holder)
+        if taken * len(workers) > cfg.hot_recent * sum(index.recent(w.name) for w in workers):
+            return cfg.hot_stick_factor
+        return cfg.stick_factor
 
     def choose_decode(
         self,

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 
 DEFAULT_CAPACITY_BLOCKS = 1 << 16
 _RESCALE = 60.0  # `recent` weights are 2**(tick / half-life); rescaled before they pass 2**60
+REUSED_WEIGHT = 0.25  # in `recent`, a block the worker already held counts this much of a new one
 
 
 class PrefixIndex:
@@ -42,18 +43,22 @@ class PrefixIndex:
 
     def recent(self, worker: str) -> float:
         """The prompt blocks the worker took lately, in a unit comparable only between this index's
-        workers: every block of every prompt routed to it (the reused ones too: they are what keeps
-        its cached prefixes warm, and its prefill reads them), and the blocks its engine stored that
-        no route here told of; each weighted so that it halves in value each time the pool takes as
-        many blocks as all its caches hold. Equal prefixes go to the worker with the least, which
-        spreads new prompts as sglang-router's smallest tree does, over the recent past only (a
-        worker that joins starts level with the least). It replaces the cache fill, the same on
-        every worker once their caches are full: simulated over ten draws, +0.1 point of prefix hit
-        on RAG with caches above the working set, the other shapes within a draw's noise
-        (bench/results/cache-suite.md)."""
+        workers: the blocks of every prompt routed to it, a block it already held counting
+        `REUSED_WEIGHT` of a new one, and the blocks its engine stored that no route here told of;
+        each weighted so that it halves in value each time the pool takes as many blocks as all its
+        caches hold. Equal prefixes go to the worker with the least, which spreads new prompts as
+        sglang-router's smallest tree does, over the recent past only (a worker that joins starts
+        level with the least). New blocks are what evicts a cache's older prefixes, so a new prompt
+        goes where cached prefixes live longest; the reused ones count a little, since they are
+        load too (its prefill reads them) and a worker busy with sessions it already holds should
+        not collect every new one. Simulated over ten draws against counting every block alike: RAG
+        +0.03 (caches half the working set) and +0.05 points of prefix hit (caches above it), chat
+        and agents within a draw's noise, agent draws falling into cache thrash 1 in 60 where they
+        were 2; counting new blocks only, agents thrashed more (bench/results/cache-suite.md). The
+        policy also compares it to spot a worker drawing more than its share (policy_kv.py)."""
         return self._recent.get(worker, 0.0)
 
-    def _took(self, worker: str, count: int) -> None:
+    def _took(self, worker: str, count: float) -> None:
         tick = self._tick + count / max(self._pool_capacity, 1)
         if tick > _RESCALE:
             scale = 2.0**-_RESCALE
@@ -120,14 +125,16 @@ class PrefixIndex:
         owners = self._owners
         # Newest-first for the leading blocks: the LRU then evicts a prompt's tail before its head,
         # so what a worker keeps stays a prefix (as vLLM frees blocks in reverse order).
+        new = 0
         for block in reversed(blocks):
             if block in lru:
                 lru.move_to_end(block)
             else:
+                new += 1
                 lru[block] = None
                 owners[block] = owners.get(block, 0) | flag
         if blocks:
-            self._took(worker, len(blocks))
+            self._took(worker, new + REUSED_WEIGHT * (len(blocks) - new))
         if trim:
             self.trim(worker)
 

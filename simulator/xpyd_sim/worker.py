@@ -241,6 +241,11 @@ class Worker:
                 self.stats[0] += req.prompt_tokens
                 self.stats[1] += req.cached_tokens
             chunk = min(req.prompt_tokens - req.prefill_done, budget)
+            # vLLM caches the full blocks a step will compute when it schedules them (allocate_slots ->
+            # cache_blocks), so a prompt scheduled after this one hits them, even before they are done
+            full = min(len(req.blocks), (req.prefill_done + chunk) // self.block_tokens)
+            if full > req.prefill_done // self.block_tokens:
+                self.caches[req.prefill_rank if req.prefill_rank >= 0 else 0].insert(req.blocks[:full])
             priced.append((chunk, req.prefill_done))
             chunks.append((req, chunk))
             budget -= chunk

@@ -131,6 +131,23 @@ def test_every_worker_over_its_bound_goes_to_the_least_loaded(
     assert (decision.worker, decision.reason) == (want, "load")
 
 
+@pytest.mark.parametrize(
+    ("others_took", "running", "want"),
+    [
+        (30, 4.0, "a"),  # the holder took no more than the rest lately: the 3x bound keeps it at 4 running
+        (0, 4.0, "spill"),  # it took every block lately (a hot spot): the 2x bound moves the prompt
+        (0, 2.0, "a"),  # ...but not below that bound
+        (30, 7.0, "spill"),  # and the 3x bound holds too
+    ],
+)
+def test_a_hot_holder_keeps_its_prefixes_under_the_tighter_bound(others_took: int, running: float, want: str) -> None:
+    index = index_with(a=30)
+    for name in "bcd" if others_took else "":  # other prompts' blocks: only the pool's recent intake differs
+        index.record(name, list(range(100 * ord(name), 100 * ord(name) + others_took)))
+    decision = KvAwarePolicy().choose_prefill(RouteRequest(BLOCKS, key=7), pool(a={"running": running}), index)
+    assert (decision.worker if want == "a" else decision.reason) == want
+
+
 def test_replicas_agree_without_shared_state() -> None:
     workers = [w(f"http://127.0.0.1:{8100 + i}") for i in range(6)]
     picks = set()

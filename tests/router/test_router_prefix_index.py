@@ -83,14 +83,17 @@ def test_store_would_have_evicted_the_prefix() -> None:
     assert index.match([1, 2, 3]) == {}
 
 
-def test_recent_counts_every_routed_block_and_unrouted_engine_stores() -> None:
+def test_recent_counts_new_blocks_a_share_of_reused_ones_and_unrouted_engine_stores() -> None:
     index = PrefixIndex()
     for name in ("a", "b"):
         index.set_capacity(name, 1000)
     index.record("a", list(range(10)))
     index.record("b", list(range(100, 115)))
     assert index.recent("b") > index.recent("a") > 0
-    index.record("a", list(range(10)))  # a prompt reusing what a holds still counts: a computes it
+    index.record("a", list(range(10)))  # a prompt reusing what a holds counts a quarter (REUSED_WEIGHT)...
+    assert index.recent("b") > index.recent("a")  # 12.5 < 15
+    index.record("a", list(range(10)))
+    index.record("a", list(range(10)))  # ...and adds up: 17.5 > 15
     assert index.recent("a") > index.recent("b")
     before = index.recent("a")
     index.confirm("a", list(range(10)))  # the engine stored what the router sent: counted once

@@ -163,7 +163,10 @@ def test_worker_prefill_only_hands_off_and_caches() -> None:
     _, handoffs, done = _run(w)
     assert handoffs == reqs
     assert not done
-    assert reqs[1].cached_tokens == 0  # both started in the same step, before either was cached
+    # vLLM caches the full blocks a step will compute when it schedules them (allocate_slots), so
+    # the second prompt of the same step hits the first one's (vllm-project/vllm#29387 keeps this
+    # for attention layers, only mamba layers wait a step)
+    assert (reqs[0].cached_tokens, reqs[1].cached_tokens) == (0, 400)
     later = SimRequest(2, 1.0, 450, 10, (1, 2, 3, 9))
     w.waiting.append(later)
     _run(w, 1.0)
