@@ -202,6 +202,16 @@ class Engine:
         if seq.on_done is not None:
             seq.on_done()
 
+    def _cache_scheduled(self, seq: Sequence, n: int) -> None:
+        """Cache the full blocks this step computes for `seq` now, as vLLM does when it schedules
+        them (`KVCacheManager.allocate_slots` -> `cache_blocks`, which also publishes their
+        BlockStored event): a prompt scheduled after this one, in this step or a later one, hits
+        them before this prompt's prefill is done."""
+        size = self.pool.block_size
+        full = min(len(seq.hashes), (seq.computed + n) // size)
+        if full > seq.computed // size:
+            self.pool.insert(seq.hashes[:full], seq.tokens, seq.rank)
+
     def schedule(self, now: float) -> tuple[list[Sequence], list[tuple[Sequence, int]], float]:
         """Pick this step's decodes and prefill chunks; returns them and the step's modelled time."""
         budget, largest = self.budget, 0
@@ -224,6 +234,7 @@ class Engine:
             elif budget > 0 and (left is None or left[seq.rank] > 0):
                 n = min(seq.prompt - seq.computed, budget, self.rank_budget if left is None else left[seq.rank])
                 chunks.append((seq, n))
+                self._cache_scheduled(seq, n)
                 largest = max(largest, n)
                 attn += attention_flops(self.model, seq.computed, seq.computed + n)
                 kv_read += seq.computed + n
@@ -264,6 +275,7 @@ class Engine:
             self.rank_metrics[rank].queue.observe(now - seq.arrival)
             n = min(seq.prompt - seq.computed, budget, self.rank_budget if left is None else left[rank])
             chunks.append((seq, n))
+            self._cache_scheduled(seq, n)
             largest = max(largest, n)
             attn += attention_flops(self.model, seq.computed, seq.computed + n)
             kv_read += seq.computed + n

@@ -158,6 +158,33 @@ async def test_engine_admits_under_budget_and_queues_the_rest() -> None:
     assert metrics.generation_tokens == 12
 
 
+async def test_engine_caches_blocks_when_it_schedules_them_as_vllm_does() -> None:
+    """vLLM registers a step's full blocks in its prefix cache when it schedules them (allocate_slots
+    -> cache_blocks), so a prompt scheduled after another one sharing its prefix hits the blocks
+    before they are computed, in the same step as in a later one (vllm-project/vllm#29387)."""
+    model = resolve_model("llama-3.1-8b")
+    pool = BlockPool(10_000, 16)
+    metrics = EngineMetrics("m", 16, 10_000)
+    engine = Engine(model, GPUS["B200"], 1, pool, metrics, max_num_batched_tokens=1000, max_num_seqs=8)
+    doc = list(range(50))  # 800 tokens
+    first, same_step = Sequence(800, doc, 4, 0.0), Sequence(800, doc, 4, 0.0)
+    engine.submit(first)
+    engine.submit(same_step)
+    _, chunks, _ = engine.schedule(0.0)
+    assert [(seq.cached, n) for seq, n in chunks] == [(0, 800), (799, 1)]  # all but the token it must compute
+    engine.apply([], chunks, 0.1)
+    long = list(range(1000, 1100))  # 1,600 tokens: two steps of prefill
+    chunked = Sequence(1600, long, 4, 0.1)
+    engine.submit(chunked)
+    _, chunks, _ = engine.schedule(0.1)
+    engine.apply([], chunks, 0.2)
+    assert chunked.computed < chunked.prompt  # its prefill has a step to go...
+    later = Sequence(1600, [*long[:62], 99_999], 4, 0.2)
+    engine.submit(later)
+    engine.schedule(0.2)
+    assert later.cached == 62 * 16  # ...yet the blocks its first step covered are hits already
+
+
 async def _until_done(seq: Sequence) -> None:
     while not seq.done:
         await seq.event.wait()
