@@ -194,16 +194,15 @@ NOTES = {
     " so the quieter worker's cache keeps a longer window of the trace and hits more (10% there, 5% on"
     " the busy one). Matching it would take the same overload, which costs the peer TTFT p99 21 s and"
     " 47% SLO attainment against xpyd's 4.4 s and 94%.",
-    "rag-large": "0.04 point on the mean of ten draws, within 0.1 on each, with a TTFT p99 a third lower on"
-    " every draw (0.47 s vs 0.67 s). What is left is the price of the 2x sticky bound: at 3x xpyd was 0.06"
-    " point ahead here and 0.03 behind on rag-small, but let agent sessions pile onto one worker until its"
-    " cache thrashed (6 of 20 agent draws below 90% hit, TTFT p99 in minutes; none at 2x). Found and fixed"
-    " on the way: the index let an engine's store move the computed tail above the reused prefix, so it"
-    " evicted a document the engine still held and sent its next prompt elsewhere (PrefixIndex.confirm;"
-    " rag-small -0.09 to -0.02 at 3x); equal prefixes now go to the worker that took the fewest blocks"
-    " lately (PrefixIndex.recent), not the emptiest cache, which is every cache once they are full. Tried"
-    " without closing the rest: the sticky bound at 2.5x (rag-small -0.06, an agent draw tipped), 3x on the"
-    " uncached-work bound alone or a larger work slack (agents tip), ties in rank order instead of the"
-    " least work, a home per document kept after eviction (chat and agents lost more).",
-    "rag-small": "see rag-large: 0.10 point on the mean, 0.0-0.2 on each draw; TTFT p99 0.47 s vs 0.77 s.",
+    "rag-large": "the margin here is a tenth of a point either way on each draw. What separates the two"
+    " is the load bound: sglang-router's rule never moves a document's prompts off its holder (TTFT p99"
+    " 0.67 s against xpyd's 0.50 s), xpyd moves them once the holder has 3x the pool's mean in flight, 2x"
+    " while it took more than 1.2x the pool's mean of blocks lately (policy_kv.py). Without that 2x the"
+    " RAG rows gain a few hundredths of a point and 14 of 60 agent draws fall into cache thrash (2 with"
+    " it, 5 with the 2x bound for every holder). Tried and dropped: the sticky bound at 2.5x or 1.6x, 3x"
+    " on the uncached-work bound alone, a larger work slack, ties in rank order instead of the least"
+    " work, a home per document kept after eviction, counting only new blocks in PrefixIndex.recent"
+    " (agents thrash more).",
+    "rag-small": "see rag-large; the closest row of the suite (the mean within a hundredth of a point,"
+    " draws on both sides); TTFT p99 0.50 s vs 0.78 s.",
 }
