@@ -17,7 +17,7 @@ PATHS = ("single-pool", "two-hop")
 REFERENCE = "sglang-router cache_aware"
 
 
-def run(logdir: Path, quick: bool = False, rounds: int = 5) -> dict[str, Any]:
+def run(logdir: Path, quick: bool = False, rounds: int = 9) -> dict[str, Any]:
     n = 300 if quick else 2000
     rows: list[dict[str, Any]] = []
     ratios: dict[str, list[float]] = {}  # path -> xpyd / reference, one per round: both measured in that round
