@@ -54,9 +54,9 @@ class KvAwareConfig:
     load_slack: float = 1.0  # requests: keeps a lightly loaded pool on its affinity
     stick_blocks: int = 16  # a request with this many more cached blocks on a worker than elsewhere...
     stick_factor: float = 3.0  # ...stays there until its load reaches stick_factor x mean + load_slack
-    hot_recent: float = 1.2  # unless the worker took more than this x the pool's mean of blocks lately
-    hot_stick_factor: float = 2.0  # (PrefixIndex.recent): then this bound, the hot spot's prefixes spill sooner
     stick_share: float = 0.2  # or holding this share of the prompt more than any other
+    hot_recent: float = 1.2  # a holder that took more than this x the pool's mean of blocks lately
+    hot_stick_factor: float = 2.0  # (PrefixIndex.recent, a hot spot) gets this bound instead: it spills sooner
     work_slack: float = 64.0  # blocks: the bound on a worker's in-flight uncached prompt blocks is
     # load_factor x the pool's mean + work_slack (what the router sent and is still being computed)
     direct_lead_blocks: int = 16  # a decode worker holding this many more blocks than any prefill worker,
