@@ -64,6 +64,18 @@ with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
 """
 
 SERVERS = {
+    "xpyd_router.server (httptools)": """
+        import asyncio, uvloop
+        from xpyd_router.messages import Reply
+        from xpyd_router.server import Server
+        async def h(request):
+            await request.read()
+            return Reply(200, PAYLOAD)
+        async def main():
+            await Server({("POST", "/v1/completions"): h}).listen("127.0.0.1", PORT)
+            await asyncio.Event().wait()
+        uvloop.run(main())
+    """,
     "aiohttp.web + uvloop": """
         from aiohttp import web
         async def h(request):

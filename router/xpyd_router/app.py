@@ -1,26 +1,35 @@
-"""The aiohttp application: routes, the upstream client session, worker health checks, discovery."""
+"""The router's routes and its lifecycle: the client session for probes, worker health checks, discovery."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from xpyd_router.health import HealthChecker, health_loop, publish
+from xpyd_router.messages import Reply, Request, Routes, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.pool import WorkerPool
-from xpyd_router.proxy import JSON, Proxy, ProxyConfig, error_response
+from xpyd_router.proxy import Proxy, ProxyConfig
 from xpyd_router.targets import split_target
 
 Background = Callable[[WorkerPool], Coroutine[Any, Any, None]]
 MODELS_TIMEOUT = 5.0  # seconds for one worker's /v1/models
 _ERRORS = (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError)
+
+
+@dataclass
+class App:
+    """What xpyd_router.server serves, and what must run while it does (`async with app.running():`)."""
+
+    routes: Routes
+    running: Callable[[], contextlib.AbstractAsyncContextManager[None]]
 
 
 def build_app(
@@ -29,12 +38,11 @@ def build_app(
     config: ProxyConfig,
     scrape_interval: float = 1.0,
     background: list[Background] | None = None,
-    max_body_bytes: int = 32 << 20,
-) -> web.Application:
+) -> App:
     proxy = Proxy(pool, metrics, config)
-    app = web.Application(client_max_size=max_body_bytes)
 
-    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+    @contextlib.asynccontextmanager
+    async def running() -> AsyncIterator[None]:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
         timeout = aiohttp.ClientTimeout(total=30, connect=config.connect_timeout)
         session = proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
@@ -47,18 +55,20 @@ def build_app(
         publish(pool, metrics)
         tasks: list[asyncio.Task[None]] = [asyncio.create_task(job(pool)) for job in background or []]
         tasks.append(asyncio.create_task(health_loop(checker, metrics, scrape_interval)))
-        yield
-        pool.on_added = None
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await checker.close()
-        await session.close()
-        proxy.close()
+        try:
+            yield
+        finally:
+            pool.on_added = None
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await checker.close()
+            await session.close()
+            proxy.close()
 
-    async def models(request: web.Request) -> web.Response:
+    async def models(request: Request) -> Reply:
         denied = proxy.unauthorized(request)
         if denied is not None:
             return denied
@@ -70,26 +80,25 @@ def build_app(
                 async with proxy.session.get(server + "/v1/models", timeout=limit) as resp:
                     data = await resp.read()
                 if resp.status == 200 and isinstance(orjson.loads(data), dict):
-                    return web.Response(body=data, content_type=JSON)
+                    return Reply(200, data)
             except _ERRORS:
                 continue
-        return error_response(503, "no worker could list the models", "service_unavailable")
+        return error_reply(503, "no worker could list the models", "service_unavailable")
 
-    async def health(_: web.Request) -> web.Response:
+    async def health(_: Request) -> Reply:
         counts = {role: len(pool.ready(role)) for role in ("prefill", "decode", "worker")}
         if counts["decode"] or counts["worker"]:
-            return web.json_response({"status": "ok", "ready": counts})
-        return error_response(503, f"no ready decode or co-located worker (ready: {counts})", "unavailable")
+            return Reply(200, orjson.dumps({"status": "ok", "ready": counts}))
+        return error_reply(503, f"no ready decode or co-located worker (ready: {counts})", "unavailable")
 
-    async def prometheus(_: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(metrics.registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
+    async def prometheus(_: Request) -> Reply:
+        return Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
 
-    app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/completions", proxy.completions)
-    app.router.add_post("/v1/chat/completions", proxy.chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", prometheus)
-    return app
+    routes: Routes = {
+        ("POST", "/v1/completions"): proxy.completions,
+        ("POST", "/v1/chat/completions"): proxy.chat,
+        ("GET", "/v1/models"): models,
+        ("GET", "/health"): health,
+        ("GET", "/metrics"): prometheus,
+    }
+    return App(routes, running)

@@ -27,8 +27,9 @@ from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targets
 from xpyd_router.proxy import ProxyConfig
-from xpyd_router.server import GuardedSite, make_runner
+from xpyd_router.server import Server
 
+SHUTDOWN_TIMEOUT = 30.0  # seconds in-flight requests get to finish after SIGTERM
 MAX_TOKENIZER_THREADS = 64
 TIMEOUTS = ("connect", "first_byte", "idle", "request", "header", "body")
 
@@ -267,32 +268,31 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         api_key=args.api_key,
         tokenizer_threads=args.tokenizer_threads,
     )
-    app = build_app(pool, metrics, config, args.scrape_interval, background, args.max_body_bytes)
+    app = build_app(pool, metrics, config, args.scrape_interval, background)
     if share is not None:
         from xpyd_router.loadshare import PATH
 
-        app.router.add_get(PATH, share.handle)
-    runner = make_runner(app, args.header_timeout)
-    await runner.setup()
-    site = GuardedSite(runner, args.host, args.port, args.max_connections, on_busy=lambda: metrics.error("busy"))
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        problem = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
-        raise UsageError(f"{problem}; pick another --host/--port") from None
-    gc.collect()
-    gc.freeze()  # start-up objects are never garbage: keep them out of every later collection
-    gc.set_threshold(50_000, 20, 20)  # fewer young-generation passes per request
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"xpyd router listening on {args.host}:{args.port} ({len(specs)} static workers)", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+        app.routes["GET", PATH] = share.handle
+    busy = lambda: metrics.error("busy")  # noqa: E731
+    server = Server(app.routes, args.header_timeout, args.max_connections, args.max_body_bytes, on_busy=busy)
+    async with app.running():
+        try:
+            await server.listen(args.host, args.port)
+        except OSError as exc:
+            problem = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+            raise UsageError(f"{problem}; pick another --host/--port") from None
+        gc.collect()
+        gc.freeze()  # start-up objects are never garbage: keep them out of every later collection
+        gc.set_threshold(50_000, 20, 20)  # fewer young-generation passes per request
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"xpyd router listening on {args.host}:{args.port} ({len(specs)} static workers)", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.close(SHUTDOWN_TIMEOUT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

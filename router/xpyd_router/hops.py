@@ -9,23 +9,18 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import orjson
-from aiohttp import web
 
+from xpyd_router.messages import Answer, Reply, Request, Stream, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import Plan, RouteRequest
 from xpyd_router.policy_base import first_hop_blocks, prefill_blocks
 from xpyd_router.pool import WorkerPool
-from xpyd_router.protocol import JsonObj, bootstrap_bodies, decode_body, error_body, prefill_body, sse_error
+from xpyd_router.protocol import JsonObj, bootstrap_bodies, decode_body, prefill_body, sse_error
 from xpyd_router.replies import BadReply, SseFilter, json_reply, prefill_params
 from xpyd_router.upstream import Upstream, UpstreamError
 
-JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 log = logging.getLogger("xpyd_router")
-
-
-def error_response(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, kind, status, param), content_type=JSON)
 
 
 def _host(base_url: str) -> bytes:
@@ -50,13 +45,12 @@ class Exchange:
 
     __slots__ = ("out", "request")
 
-    def __init__(self, request: web.Request) -> None:
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self.out: web.StreamResponse | None = None
+        self.out: Stream | None = None
 
-    async def open_stream(self) -> web.StreamResponse:
-        out = self.out = web.StreamResponse(headers=SSE_HEADERS)
-        await out.prepare(self.request)
+    def open_stream(self) -> Stream:
+        out = self.out = self.request.stream(SSE_HEADERS)
         return out
 
     async def end_stream(self, event: bytes) -> None:
@@ -69,9 +63,7 @@ class Exchange:
                 await out.write(event)
                 await out.write_eof()
         except (TimeoutError, ConnectionError):
-            transport = self.request.transport
-            if transport is not None:
-                transport.abort()
+            self.request.abort()
 
 
 class Hops:
@@ -102,9 +94,7 @@ class Hops:
             log.warning("worker %s failed %d requests in a row: out of rotation", worker, self.pool.breaker_failures)
             self.metrics.error("breaker_open")
 
-    async def run(
-        self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool
-    ) -> web.StreamResponse:
+    async def run(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool) -> Answer:
         if plan.prefill is None:
             work = first_hop_blocks(plan, req)  # counted on the worker until its first token
             return await self._decode(ex, plan.decode.worker, path, orjson.dumps(body), stream, "direct", work)
@@ -122,11 +112,11 @@ class Hops:
                 if isinstance(outcome[0], HopFailed):
                     self.blame(outcome[0].worker, outcome[0].worker_down, outcome[0].detail)
         answer = await self._prefill(prefill, path, prefill_body(body), uncached)
-        if isinstance(answer, web.Response):
+        if isinstance(answer, Reply):
             return answer
         return await self._decode(ex, plan.decode.worker, path, decode_body(body, answer), stream, "decode")
 
-    async def _prefill(self, worker: str, path: str, payload: bytes, blocks: int) -> dict[str, Any] | web.Response:
+    async def _prefill(self, worker: str, path: str, payload: bytes, blocks: int) -> dict[str, Any] | Reply:
         start = time.perf_counter()
         self.pool.begin(worker, blocks)
         try:
@@ -153,25 +143,25 @@ class Hops:
         self.pool.request_ok(worker)
         return params
 
-    def _not_ok(self, worker: str, hop: str, status: int, data: bytes) -> web.Response:
+    def _not_ok(self, worker: str, hop: str, status: int, data: bytes) -> Reply:
         """A 4xx is the client's mistake: its explanation goes back (no retry, no blame); else the hop failed."""
         if 400 <= status < 500:
             self.pool.request_ok(worker)
             return self._client_error(status, data)
         raise HopFailed(f"{hop} worker answered {status}", f"{hop} {worker} answered {status}", worker, False)
 
-    def _client_error(self, status: int, data: bytes) -> web.Response:
+    def _client_error(self, status: int, data: bytes) -> Reply:
         try:
             ok = isinstance(orjson.loads(data), dict)
         except orjson.JSONDecodeError:
             ok = False
         if ok and not any(_host(name) in data for name in self.pool.workers):
-            return web.Response(status=status, body=data, content_type=JSON)
-        return error_response(status, f"the worker rejected the request (HTTP {status})", "invalid_request_error")
+            return Reply(status, data)
+        return error_reply(status, f"the worker rejected the request (HTTP {status})", "invalid_request_error")
 
     async def _decode(
         self, ex: Exchange, worker: str, path: str, payload: bytes, stream: bool, hop: str, work: int = 0
-    ) -> web.StreamResponse:
+    ) -> Answer:
         start = time.perf_counter()
         self.pool.begin(worker, work)
         left = [work]  # prompt blocks still counted as in-flight work: until the first token streams
@@ -197,7 +187,7 @@ class Hops:
                     detail = f"{hop} {worker}: {exc}"
                     raise HopFailed(f"{hop} worker sent a malformed reply", detail, worker, False) from None
                 self.pool.request_ok(worker)
-                return web.Response(status=resp.status, body=data, content_type=JSON)
+                return Reply(resp.status, data)
             finally:
                 resp.close()  # back to the pool if complete; else closing it cancels the worker's request
         finally:
@@ -205,10 +195,10 @@ class Hops:
 
     async def _relay(
         self, ex: Exchange, chunks: AsyncIterator[bytes], worker: str, hop: str, start: float, left: list[int]
-    ) -> web.StreamResponse:
+    ) -> Answer:
         """Passes whole, checked SSE events through as they arrive; the client sees nothing until the first."""
         sse = SseFilter()
-        out: web.StreamResponse | None = None
+        out: Stream | None = None
         try:
             async for chunk in chunks:
                 data = sse.feed(chunk)
@@ -218,7 +208,7 @@ class Hops:
                     if left[0]:
                         self.pool.prefilled(worker, left[0])
                         left[0] = 0
-                    out = await ex.open_stream()
+                    out = ex.open_stream()
                     self.metrics.hop(f"{hop}_first_byte", time.perf_counter() - start)
                 await out.write(data)
             sse.finish()
@@ -239,4 +229,4 @@ class Hops:
             return out
         except ConnectionResetError:  # the client left: closing the upstream cancels its request
             self.metrics.error("client_disconnected")
-            return out if out is not None else web.Response(status=499)
+            return out if out is not None else Reply(499)

@@ -38,11 +38,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from xpyd_router.access import ApiKey
+from xpyd_router.messages import Reply, Request
 from xpyd_router.pool import WorkerPool
 
+TEXT = "text/plain; charset=utf-8"
 log = logging.getLogger("xpyd_router.loadshare")
 PATH = "/internal/load"
 LOG_BLOCKS = 1 << 18  # block keys the route log keeps for its peers (a few MB); older routes go first
@@ -194,16 +195,16 @@ class LoadShare:
         if hasattr(self.pool.policy, "replicas"):  # the kv-aware policy sticks prefixes only with a shared index
             self.pool.policy.replicas = len(self.peers) + 1
 
-    async def handle(self, request: web.Request) -> web.Response:
-        if not self.access.allows(request.headers.get("Authorization")):
-            return web.Response(status=401, text="unauthorized")
+    async def handle(self, request: Request) -> Reply:
+        if not self.access.allows(request.header("Authorization")):
+            return Reply(401, b"unauthorized", TEXT)
         raw = request.query.get("since")
         if raw is None:  # a replica of an earlier version: the counts alone
-            return web.Response(body=self.snapshot(), content_type="application/json")
+            return Reply(200, self.snapshot())
         try:
             since = int(raw)
         except ValueError:
-            return web.Response(status=400, text=f"since must be an integer, got {raw[:40]!r}")
+            return Reply(400, f"since must be an integer, got {raw[:40]!r}".encode(), TEXT)
         reply: dict[str, object] = {"load": self.counts(), "seq": self.seq}
         if since >= 0 and (self.access.required or request.remote in self._hosts):
             reply["routes"] = self.routes_since(since)
@@ -211,7 +212,7 @@ class LoadShare:
             body = orjson.dumps(reply)
         except (TypeError, orjson.JSONEncodeError):  # a block key beyond 64 bits: the counts alone
             body = orjson.dumps({"load": reply["load"], "seq": self.seq})
-        return web.Response(body=body, content_type="application/json")
+        return Reply(200, body)
 
     def apply(self, now: float) -> None:
         """Sum the fresh peer reports into every worker's peer counts; tell the policy whether every

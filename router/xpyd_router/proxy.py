@@ -9,19 +9,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 import aiohttp
-from aiohttp import web
 
 from xpyd_api import labels
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
 from xpyd_router.hashing import affinity_key
-from xpyd_router.hops import JSON, Exchange, HopFailed, Hops, error_response
+from xpyd_router.hops import Exchange, HopFailed, Hops
+from xpyd_router.messages import Answer, BodyTooLarge, Reply, Request, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import NoWorker, Plan, RouteRequest
 from xpyd_router.pool import WorkerPool
 from xpyd_router.protocol import BadRequest, JsonObj, parse_body, sse_error
 from xpyd_router.upstream import Upstream
 
-__all__ = ["JSON", "Proxy", "ProxyConfig", "error_response"]
 log = logging.getLogger("xpyd_router")
 # A prompt this long (characters) is tokenized on a thread, not on the event loop: with a real model's
 # tokenizer (about 0.3 us a character) it would hold every other request's bytes for 5 ms or more,
@@ -71,65 +70,64 @@ class Proxy:
             self._keyer = ThreadPoolExecutor(self.config.tokenizer_threads, thread_name_prefix="xpyd-tokenize")
         return await asyncio.get_running_loop().run_in_executor(self._keyer, keys.for_request, body, text, chat)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Answer:
         return await self._serve(request, "/v1/completions", chat=False)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: Request) -> Answer:
         return await self._serve(request, "/v1/chat/completions", chat=True)
 
-    def unauthorized(self, request: web.Request) -> web.Response | None:
+    def unauthorized(self, request: Request) -> Reply | None:
         """A 401 when an API key is set and the request does not carry it."""
-        if not self.api_key.required or self.api_key.allows(request.headers.get("Authorization")):
+        if not self.api_key.required or self.api_key.allows(request.header("Authorization")):
             return None
         self.metrics.error("unauthorized")
         log.warning("rejected %s %s from %s: missing or wrong API key", request.method, request.path, request.remote)
         message = "missing or wrong API key; send 'Authorization: Bearer <key>'"
-        resp = error_response(401, message, "authentication_error")
-        resp.headers["WWW-Authenticate"] = "Bearer"
+        resp = error_reply(401, message, "authentication_error")
+        resp.headers = (("WWW-Authenticate", "Bearer"),)
         return resp
 
-    async def _serve(self, request: web.Request, path: str, chat: bool) -> web.StreamResponse:
+    async def _serve(self, request: Request, path: str, chat: bool) -> Answer:
         self.inflight += 1
         try:
             response = await self._handle(request, path, chat)
-        except asyncio.CancelledError:  # the client left; aiohttp cancelled the handler
+        except asyncio.CancelledError:  # the client left; the server cancelled the handler
             self.metrics.error("client_disconnected")
             raise
         except Exception:  # a bug, not the client's or a worker's doing: say so once, keep serving
             log.exception("internal error on %s", path)
             self.metrics.error("internal")
-            response = error_response(500, "internal router error", "internal_error")
+            response = error_reply(500, "internal router error", "internal_error")
         finally:
             self.inflight -= 1
         self.metrics.request(path, response.status)
         return response
 
-    def _bad_request(self, request: web.Request, status: int, message: str, param: str | None) -> web.Response:
+    def _bad_request(self, request: Request, status: int, message: str, param: str | None) -> Reply:
         log.warning("bad request from %s to %s: %s", request.remote, request.path, message)
         self.metrics.error("bad_request" if status == 400 else f"http_{status}")
-        resp = error_response(status, message, "invalid_request_error", param)
-        if status != 400:  # the body was not (all) read: do not wait for the rest of it
-            resp.force_close()
+        resp = error_reply(status, message, "invalid_request_error", param)
+        resp.close = status != 400  # the body was not (all) read: do not wait for the rest of it
         return resp
 
-    async def _read(self, request: web.Request) -> bytes:
-        if request.content.is_eof():  # the usual case: the body came with the headers
+    async def _read(self, request: Request) -> bytes:
+        if request.complete:  # the usual case: the body came with the headers
             return await request.read()
         async with asyncio.timeout(self.config.body_timeout):
             return await request.read()
 
-    async def _handle(self, request: web.Request, path: str, chat: bool) -> web.StreamResponse:
+    async def _handle(self, request: Request, path: str, chat: bool) -> Answer:
         denied = self.unauthorized(request)
         if denied is not None:
             return denied
         try:
-            budget = request_budget(request.headers.get(TIMEOUT_HEADER), self.config.request_timeout)
+            budget = request_budget(request.header(TIMEOUT_HEADER), self.config.request_timeout)
             raw = await self._read(request)
             body, text = parse_body(raw, chat)
         except BadRequest as exc:
             return self._bad_request(request, 400, str(exc), exc.param)
-        except web.HTTPRequestEntityTooLarge as exc:
-            return self._bad_request(request, 413, f"request body too large: {exc.text}", None)
+        except BodyTooLarge as exc:
+            return self._bad_request(request, 413, f"request body too large: {exc}", None)
         except TimeoutError:
             message = f"request body not received within {self.config.body_timeout:g}s"
             return self._bad_request(request, 408, message, None)
@@ -144,11 +142,11 @@ class Proxy:
             message = f"request did not finish within its {budget:g}s deadline"
             log.warning("%s %s: %s", request.remote, path, message)
             if ex.out is None or not ex.out.prepared:
-                return error_response(504, message, "timeout_error")
+                return error_reply(504, message, "timeout_error")
             await ex.end_stream(sse_error(message, "timeout_error", 504))
             return ex.out
 
-    async def _dispatch(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest) -> web.StreamResponse:
+    async def _dispatch(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest) -> Answer:
         stream = body.get("stream") is True
         tried: set[str] = set()
         last_error = ""
@@ -159,7 +157,7 @@ class Proxy:
                 if last_error:  # every worker there is failed this request
                     break
                 self.metrics.error("no_worker")
-                return error_response(503, str(exc), "service_unavailable")
+                return error_reply(503, str(exc), "service_unavailable")
             self._count(plan, req, retry=attempt > 0)
             try:
                 return await self.hops.run(ex, path, body, req, plan, stream)
@@ -167,7 +165,7 @@ class Proxy:
                 last_error = str(exc)
                 tried.add(exc.worker)
                 self.hops.blame(exc.worker, exc.worker_down, exc.detail)
-        return error_response(502, f"every attempt failed; last: {last_error}", "upstream_error")
+        return error_reply(502, f"every attempt failed; last: {last_error}", "upstream_error")
 
     def _count(self, plan: Plan, req: RouteRequest, retry: bool) -> None:
         m = self.metrics

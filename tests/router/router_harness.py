@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -17,14 +18,13 @@ from typing import Any, Protocol
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from xpyd_router.app import build_app
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 from xpyd_router.proxy import ProxyConfig
-from xpyd_router.server import GuardedSite, make_runner
+from xpyd_router.server import Server
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 XPYD = str(Path(sys.executable).with_name("xpyd"))
@@ -128,7 +128,7 @@ RouterFactory = Callable[..., "asyncio.Future[Router]"]
 
 @pytest.fixture
 async def router() -> AsyncIterator[Callable[..., object]]:
-    runners: list[web.AppRunner] = []
+    stack = contextlib.AsyncExitStack()
 
     async def start(
         workers: Sequence[WorkerLike],
@@ -146,17 +146,15 @@ async def router() -> AsyncIterator[Callable[..., object]]:
         metrics = RouterMetrics("test")
         config.setdefault("max_attempts", 3)
         proxy_config = ProxyConfig(engine=engine, bootstrap_port=bootstrap_port, **config)  # type: ignore[arg-type]
-        app = build_app(pool, metrics, proxy_config, scrape_interval, max_body_bytes=max_body_bytes)
-        runner = make_runner(app, header_timeout, shutdown_timeout=1.0)
-        await runner.setup()
-        site = GuardedSite(runner, "127.0.0.1", 0, max_connections)
-        await site.start()
-        runners.append(runner)
-        return Router(f"http://127.0.0.1:{site.port}", pool, metrics)
+        app = build_app(pool, metrics, proxy_config, scrape_interval)
+        await stack.enter_async_context(app.running())
+        server = Server(app.routes, header_timeout, max_connections, max_body_bytes)
+        await server.listen("127.0.0.1", 0)
+        stack.push_async_callback(server.close, 1.0)
+        return Router(f"http://127.0.0.1:{server.port}", pool, metrics)
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    async with stack:
+        yield start
 
 
 async def worker_requests(session: aiohttp.ClientSession, url: str) -> float:

@@ -11,8 +11,6 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +19,7 @@ from xpyd_router.loadshare import PATH, LoadShare, worker_id
 from xpyd_router.model import RouteRequest
 from xpyd_router.policies import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
+from xpyd_router.server import Server
 
 A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
 IA, IB = worker_id(A), worker_id(B)  # the ids replicas exchange: hashed, no address leaves the router
@@ -33,16 +32,14 @@ def pool() -> WorkerPool:
 
 
 @contextlib.asynccontextmanager
-async def serving(share: LoadShare, host: str = "127.0.0.1") -> AsyncIterator[TestServer]:
-    """The replica's endpoint on a loopback port."""
-    app = web.Application()
-    app.router.add_get(PATH, share.handle)
-    server = TestServer(app, host=host)
-    await server.start_server()
+async def serving(share: LoadShare, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """The replica's endpoint on a loopback port: its base URL."""
+    server = Server({("GET", PATH): share.handle})
+    await server.listen(host, 0)
     try:
-        yield server
+        yield f"http://{host}:{server.port}"
     finally:
-        await server.close()
+        await server.close(1.0)
 
 
 @contextlib.asynccontextmanager
@@ -53,8 +50,8 @@ async def exchanging(
     (from its own host when `bind`)."""
     shares = [LoadShare(p, [], interval=0.05, source=h if bind else None) for p, h in zip(pools, hosts, strict=True)]
     async with serving(shares[0], hosts[0]) as first, serving(shares[1], hosts[1]) as second:
-        shares[0].set_peers([str(second.make_url("")).rstrip("/")])
-        shares[1].set_peers([str(first.make_url("")).rstrip("/")])
+        shares[0].set_peers([second])
+        shares[1].set_peers([first])
         tasks = [asyncio.create_task(s.run()) for s in shares]
         try:
             yield shares
@@ -125,7 +122,7 @@ async def test_the_exchange_needs_the_api_key_when_there_is_one(key: str | None,
     share = LoadShare(pool(), [], api_key=key)
     async with serving(share) as server, aiohttp.ClientSession() as session:
         headers = {"Authorization": sent} if sent else {}
-        async with session.get(server.make_url(PATH), headers=headers) as resp:
+        async with session.get(server + PATH, headers=headers) as resp:
             assert resp.status == status
 
 
@@ -249,7 +246,7 @@ async def test_who_reads_the_routes(
     share.note((A,), [1, 2])
     async with serving(share) as server, aiohttp.ClientSession() as session:
         headers = {"Authorization": sent} if sent else {}
-        async with session.get(str(server.make_url(PATH)) + query, headers=headers) as resp:
+        async with session.get(server + PATH + query, headers=headers) as resp:
             assert resp.status == status
             body = await resp.read()
     if status == 200:
