@@ -17,8 +17,20 @@ if TYPE_CHECKING:
 JSON = "application/json"
 
 
-class BodyTooLarge(Exception):
+class BodyError(Exception):
+    """The request body cannot be had: `status` is the answer."""
+
+    status = 400
+
+
+class BodyTooLarge(BodyError):
     """The request body is over the router's limit (--max-body-bytes)."""
+
+    status = 413
+
+
+class MalformedBody(BodyError):
+    """The body's framing broke (a bad chunk size, say): the rest of the body cannot be read."""
 
 
 def status_line(status: int) -> bytes:
@@ -101,8 +113,8 @@ class Request:
     """A parsed request: its head at once, its body as it arrives (read() waits for all of it)."""
 
     __slots__ = (
-        "_conn", "_waiter", "chunks", "complete", "headers", "keep_alive", "method", "path", "query_string", "size",
-        "too_large", "version",
+        "_conn", "_waiter", "broken", "chunks", "complete", "headers", "keep_alive", "method", "path", "query_string",
+        "size", "too_large", "version",
     )  # fmt: skip
 
     def __init__(self, conn: Connection, method: str, target: str, headers: dict[str, str], version: str) -> None:
@@ -116,6 +128,7 @@ class Request:
         self.size = 0
         self.complete = False
         self.too_large = False
+        self.broken: str | None = None  # why the body's framing broke
         self._waiter: asyncio.Future[None] | None = None
 
     def header(self, name: str) -> str | None:
@@ -144,8 +157,9 @@ class Request:
         return Stream(self._conn, headers, chunked)
 
     async def read(self) -> bytes:
-        """The whole body; BodyTooLarge past the limit, ConnectionResetError if the client left first."""
-        while not self.complete and not self.too_large:
+        """The whole body; BodyTooLarge past the limit, MalformedBody if its framing broke,
+        ConnectionResetError if the client left first."""
+        while not self.complete and not self.too_large and self.broken is None:
             if self._conn.closed:
                 raise ConnectionResetError("the client closed the connection before sending its body")
             self._waiter = asyncio.get_running_loop().create_future()
@@ -155,6 +169,8 @@ class Request:
                 self._waiter = None
         if self.too_large:
             raise BodyTooLarge(f"over the {self._conn.max_body}-byte limit")
+        if self.broken is not None:
+            raise MalformedBody(f"malformed request body: {self.broken}")
         return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
 
     def wake(self) -> None:

@@ -14,7 +14,7 @@ from xpyd_api import labels
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
 from xpyd_router.hashing import affinity_key
 from xpyd_router.hops import Exchange, HopFailed, Hops
-from xpyd_router.messages import Answer, BodyTooLarge, Reply, Request, error_reply
+from xpyd_router.messages import Answer, BodyError, BodyTooLarge, Reply, Request, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import NoWorker, Plan, RouteRequest
 from xpyd_router.pool import WorkerPool
@@ -128,6 +128,8 @@ class Proxy:
             return self._bad_request(request, 400, str(exc), exc.param)
         except BodyTooLarge as exc:
             return self._bad_request(request, 413, f"request body too large: {exc}", None)
+        except BodyError as exc:
+            return self._bad_request(request, exc.status, str(exc), None)
         except TimeoutError:
             message = f"request body not received within {self.config.body_timeout:g}s"
             return self._bad_request(request, 408, message, None)

@@ -229,8 +229,15 @@ class Connection(asyncio.Protocol):
     def _malformed(self, exc: Exception) -> None:
         head = isinstance(exc.__context__, _HeadTooLarge) or isinstance(exc, _HeadTooLarge)
         reason = "request head too large" if head else " ".join(str(exc).split()) or type(exc).__name__
-        log.warning("bad HTTP request from %s: %s", self.peer or "?", reason)
         self.dropping = True
+        broken = self.parsing
+        if broken is not None and broken is self.current:  # its handler answers when it reads the body
+            broken.broken = reason
+            broken.keep_alive = False
+            broken.wake()
+            self.pending.clear()
+            return
+        log.warning("bad HTTP request from %s: %s", self.peer or "?", reason)
         status = 431 if head else 400
         if self.current is None:  # else the request being served gets its answer, then the connection closes
             self.write(error_reply(status, f"bad HTTP request: {reason}", "invalid_request_error").encode(False))

@@ -85,6 +85,19 @@ async def test_a_trickled_body_gets_408(stubs: Start, router: Start) -> None:
     assert worker.calls == 0
 
 
+async def test_a_body_whose_framing_breaks_gets_400_at_once(stubs: Start, router: Start) -> None:
+    r, worker = await one_worker(stubs, router, body_timeout=20)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port_of(r))
+    writer.write(REQUEST_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+    try:
+        data = await closed_within(reader, 3)  # not the 20 s body timeout
+    finally:
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 400")
+    assert b"malformed request body" in data
+    assert worker.calls == 0
+
+
 async def test_connections_beyond_the_cap_get_503_and_idle_ones_are_closed(stubs: Start, router: Start) -> None:
     r, _ = await one_worker(stubs, router, max_connections=3, header_timeout=0.6)
     held = [await asyncio.open_connection("127.0.0.1", port_of(r)) for _ in range(3)]

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpyd_router.messages import Answer, BodyTooLarge, Reply, Request
+from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router.server import MAX_HEAD_BYTES, Server
 
 pytestmark = pytest.mark.timeout(30)
@@ -33,8 +33,8 @@ class Handlers:
     async def echo(self, req: Request) -> Answer:
         try:
             body = await req.read()
-        except BodyTooLarge as exc:
-            return Reply(413, str(exc).encode(), "text/plain", close=True)
+        except BodyError as exc:
+            return error_reply(exc.status, str(exc), "invalid_request_error")
         self.bodies.append(body)
         return Reply(200, orjson.dumps({"path": req.path, "query": req.query, "body": body.decode()}))
 
@@ -170,6 +170,7 @@ async def test_expect_100_continue_is_answered_before_the_body(serve: Serve) -> 
         (b"GET /echo HTTP/1.1\r\nHost: r\r\nX-Big: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n", b"431", True),
         (b"POST /echo HTTP/1.1\r\nHost: r\r\nContent-Length: nope\r\n\r\n", b"400", True),
         (b"NOT HTTP AT ALL\r\n\r\n", b"400", True),
+        (b"POST /echo HTTP/1.1\r\nHost: r\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", b"400", True),
     ],
 )
 async def test_each_status_the_listener_gives_itself(
