@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -41,14 +42,7 @@ def status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
 
 
-_LINES: dict[int, bytes] = {}
-
-
-def _line(status: int) -> bytes:
-    line = _LINES.get(status)
-    if line is None:
-        line = _LINES[status] = status_line(status)
-    return line
+_line = functools.cache(status_line)
 
 
 @dataclass(slots=True)
@@ -77,7 +71,6 @@ class Stream:
     the connection's end ends it. Its head goes out with the first event, in the same write."""
 
     status = 200
-    prepared = True  # the status is committed: a later failure can only end the stream
 
     def __init__(self, conn: Connection, headers: dict[str, str], chunked: bool) -> None:
         self._conn = conn
@@ -168,7 +161,7 @@ class Request:
             finally:
                 self._waiter = None
         if self.too_large:
-            raise BodyTooLarge(f"over the {self._conn.max_body}-byte limit")
+            raise BodyTooLarge(f"request body too large: over the {self._conn.max_body}-byte limit")
         if self.broken is not None:
             raise MalformedBody(f"malformed request body: {self.broken}")
         return self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)

@@ -14,7 +14,7 @@ from xpyd_api import labels
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
 from xpyd_router.hashing import affinity_key
 from xpyd_router.hops import Exchange, HopFailed, Hops
-from xpyd_router.messages import Answer, BodyError, BodyTooLarge, Reply, Request, error_reply
+from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import NoWorker, Plan, RouteRequest
 from xpyd_router.pool import WorkerPool
@@ -126,9 +126,7 @@ class Proxy:
             body, text = parse_body(raw, chat)
         except BadRequest as exc:
             return self._bad_request(request, 400, str(exc), exc.param)
-        except BodyTooLarge as exc:
-            return self._bad_request(request, 413, f"request body too large: {exc}", None)
-        except BodyError as exc:
+        except BodyError as exc:  # too large (413) or malformed (400)
             return self._bad_request(request, exc.status, str(exc), None)
         except TimeoutError:
             message = f"request body not received within {self.config.body_timeout:g}s"
@@ -143,7 +141,7 @@ class Proxy:
             self.metrics.error("deadline")
             message = f"request did not finish within its {budget:g}s deadline"
             log.warning("%s %s: %s", request.remote, path, message)
-            if ex.out is None or not ex.out.prepared:
+            if ex.out is None:  # no stream opened yet: the status is not committed
                 return error_reply(504, message, "timeout_error")
             await ex.end_stream(sse_error(message, "timeout_error", 504))
             return ex.out

@@ -227,7 +227,7 @@ class Connection(asyncio.Protocol):
         self.loop.call_later(LINGER, transport.close)
 
     def _malformed(self, exc: Exception) -> None:
-        head = isinstance(exc.__context__, _HeadTooLarge) or isinstance(exc, _HeadTooLarge)
+        head = isinstance(exc.__context__, _HeadTooLarge)  # raised in on_url/on_header, wrapped by httptools
         reason = "request head too large" if head else " ".join(str(exc).split()) or type(exc).__name__
         self.dropping = True
         broken = self.parsing
