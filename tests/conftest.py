@@ -21,13 +21,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def emulated_worker(model: str, *extra: str, domain: str = "") -> Iterator[str]:
-    """One `xpyd emulate` B200 vLLM worker at real speed, bound to loopback; yields its base URL."""
+def emulated_worker(model: str, *extra: str, domain: str = "", speedup: float = 1.0) -> Iterator[str]:
+    """One `xpyd emulate` B200 vLLM worker, bound to loopback; yields its base URL.
+
+    `speedup` below 1 runs modelled time in slow motion (0.5: every step takes twice as long), so
+    the emulator's own Python work on a busy machine stays small beside the steps it models."""
     port = free_port()
     env = {**os.environ, "XPYD_BIND_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
     if domain:
         env |= {"XPYD_NVLINK_DOMAIN": domain, "XPYD_NODE_NAME": domain}
-    cmd = [sys.executable, "-m", "xpyd_cli.main", "emulate", "--gpu", "B200", "--speedup", "1", "--",
+    cmd = [sys.executable, "-m", "xpyd_cli.main", "emulate", "--gpu", "B200", "--speedup", str(speedup), "--",
            "vllm", "serve", model, "--host", "127.0.0.1", "--port", str(port), *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -53,5 +56,5 @@ def emulated_worker(model: str, *extra: str, domain: str = "") -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def emulate() -> Callable[..., AbstractContextManager[str]]:
-    """`with emulate(model, *vllm_args, domain=...) as url:` runs one emulated worker process."""
+    """`with emulate(model, *vllm_args, domain=..., speedup=...) as url:` runs one emulated worker process."""
     return emulated_worker

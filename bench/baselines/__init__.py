@@ -7,14 +7,14 @@ so the simulator (`--compare`), the routing benchmarks and a router started thro
 
 from __future__ import annotations
 
-from bench.baselines.autoscalers import KedaPolicy
+from bench.baselines.autoscalers import KedaPolicy, PlannerPolicy, SaturationPolicy
 from bench.baselines.routers import LlmDPolicy, SGLangCachePolicy
 
 from xpyd_operator.autoscaling_policy import AUTOSCALERS
 from xpyd_router.policies import POLICIES
 
 ROUTERS = {"llm-d": LlmDPolicy, "sglang": SGLangCachePolicy}
-SCALERS = {"keda": KedaPolicy}
+SCALERS = {"keda": KedaPolicy, "saturation": SaturationPolicy, "planner": PlannerPolicy}
 
 
 def register() -> None:
@@ -23,4 +23,7 @@ def register() -> None:
     AUTOSCALERS.update(SCALERS)
 
 
-__all__ = ["ROUTERS", "SCALERS", "KedaPolicy", "LlmDPolicy", "SGLangCachePolicy", "register"]
+__all__ = [
+    "ROUTERS", "SCALERS", "KedaPolicy", "LlmDPolicy", "PlannerPolicy", "SGLangCachePolicy", "SaturationPolicy",
+    "register",
+]  # fmt: skip

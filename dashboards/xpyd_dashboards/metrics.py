@@ -4,16 +4,24 @@ from __future__ import annotations
 
 from typing import Final
 
+from xpyd_api import engines
 from xpyd_api import metric_names as names
 
-# vLLM worker metrics (DESIGN.md section 6); the emulator exports the same names.
-VLLM_WAITING: Final = names.WAITING
-VLLM_RUNNING: Final = names.RUNNING
-VLLM_KV_USAGE: Final = names.KV_USAGE
-VLLM_TTFT_BUCKET: Final = f"{names.TTFT}_bucket"
-VLLM_ITL_BUCKET: Final = f"{names.ITL}_bucket"
-VLLM_PREFIX_QUERIES: Final = names.PREFIX_QUERIES
-VLLM_PREFIX_HITS: Final = names.PREFIX_HITS
+# Worker metrics in every engine's names (xpyd_api.engines.METRICS): a deployment runs one engine, so a
+# query reads each name and `or` keeps whichever its pods export (vLLM's; the emulator exports the same).
+_ENGINES: Final = tuple(dict.fromkeys(engines.METRICS.values()))  # each kind's map once
+WAITING: Final = tuple(e.waiting for e in _ENGINES)
+RUNNING: Final = tuple(e.running for e in _ENGINES)
+KV_USAGE: Final = tuple(e.kv_usage[0] for e in _ENGINES)
+TTFT_BUCKET: Final = tuple(f"{e.ttft}_bucket" for e in _ENGINES)
+ITL_BUCKET: Final = tuple(f"{e.itl}_bucket" for e in _ENGINES)
+PREFIX_QUERIES: Final = names.PREFIX_QUERIES  # vLLM counts tokens looked up and hit
+PREFIX_HITS: Final = names.PREFIX_HITS
+CACHE_HIT_RATE: Final = tuple(e.cache_hit_rate for e in _ENGINES if e.cache_hit_rate)  # SGLang's own ratio
+# The engines' own KV-transfer series (vLLM's NixlConnector; SGLang exports none of these)
+KV_XFER_TIME_BUCKET: Final = tuple(f"{e.kv_transfers}_bucket" for e in _ENGINES if e.kv_transfers)
+KV_XFER_BYTES_SUM: Final = tuple(f"{e.kv_transfer_bytes}_sum" for e in _ENGINES if e.kv_transfer_bytes)
+KV_XFER_FAILURES: Final = tuple(e.kv_transfer_failures for e in _ENGINES if e.kv_transfer_failures)
 
 # Our own metrics, labelled `deployment` (the DisaggregatedDeployment's name); routers get `namespace`
 # from their scrape target, the operator's autoscaler series carry it themselves (honorLabels).
@@ -24,7 +32,15 @@ AUTOSCALER_SCALE_EVENTS: Final = names.AUTOSCALER_SCALE_EVENTS
 ROUTER_REQUESTS: Final = names.ROUTER_REQUESTS
 ROUTER_PREFIX_HIT_RATIO: Final = names.ROUTER_PREFIX_HIT_RATIO
 ROUTER_KV_HANDOFFS: Final = names.ROUTER_KV_HANDOFFS
+ROUTER_PROMPT_BLOCKS: Final = names.ROUTER_PROMPT_BLOCKS
+ROUTER_CPU_TIER_BLOCKS: Final = "xpyd_router_cpu_tier_blocks_total"  # xpyd_router.metrics: CPU-tier hits
 ROUTER_KV_EVENT_BLOCKS: Final = names.ROUTER_KV_EVENT_BLOCKS
+ROUTER_HANDOFF_LATENCY_BUCKET: Final = f"{names.ROUTER_HANDOFF_LATENCY}_bucket"
+ROUTER_HANDOFF_BYTES: Final = names.ROUTER_HANDOFF_BYTES
+ROUTER_HANDOFF_FAILURES: Final = names.ROUTER_HANDOFF_FAILURES
+ROUTER_HANDOFF_RETRIES: Final = names.ROUTER_HANDOFF_RETRIES
+ROUTER_PAIRS_COOLING: Final = names.ROUTER_PAIRS_COOLING
+ROUTER_PAIR_TRIPS: Final = names.ROUTER_PAIR_TRIPS
 ROUTER_INFLIGHT: Final = names.ROUTER_INFLIGHT  # every router has it: the variables list it
 
 # Grafana template variables every per-deployment query is filtered by.
@@ -41,9 +57,12 @@ POD_ROLE: Final = names.POD_ROLE
 WORKER_ROLES: Final = "prefill|decode|worker"
 
 
-def worker(metric: str) -> str:
-    """A worker metric of the selected deployment's engine pods."""
-    return f'{metric}{{namespace="$namespace", {POD_DEPLOYMENT}="$deployment", {POD_ROLE}=~"{WORKER_ROLES}"}}'
+def worker(metric: str | tuple[str, ...]) -> str:
+    """A worker metric of the selected deployment's engine pods; several names (one per engine) are or-ed."""
+    sel = f'{{namespace="$namespace", {POD_DEPLOYMENT}="$deployment", {POD_ROLE}=~"{WORKER_ROLES}"}}'
+    if isinstance(metric, str):
+        return metric + sel
+    return metric[0] + sel if len(metric) == 1 else "(" + " or ".join(n + sel for n in metric) + ")"
 
 
 def own(metric: str) -> str:
@@ -51,6 +70,8 @@ def own(metric: str) -> str:
     return f'{metric}{{namespace="$namespace", deployment="$deployment"}}'
 
 
-def worker_rate(metric: str) -> str:
-    """The per-second rate of a worker counter or histogram bucket."""
-    return f"rate({worker(metric)}[{RATE_INTERVAL}])"
+def worker_rate(metric: str | tuple[str, ...]) -> str:
+    """The per-second rate of a worker counter or histogram bucket (one rate per engine's name, or-ed)."""
+    names_ = (metric,) if isinstance(metric, str) else metric
+    rates = [f"rate({worker(n)}[{RATE_INTERVAL}])" for n in names_]
+    return rates[0] if len(rates) == 1 else "(" + " or ".join(rates) + ")"

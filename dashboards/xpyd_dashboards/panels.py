@@ -49,8 +49,8 @@ class DashboardSpec:
         return [panel for row in self.rows for panel in row.panels]
 
 
-def _quantiles(bucket: str) -> tuple[Query, ...]:
-    """p50 and p99 per pool role of a vLLM latency histogram."""
+def _quantiles(bucket: tuple[str, ...]) -> tuple[Query, ...]:
+    """p50 and p99 per pool role of an engine latency histogram (its name in each engine)."""
     by_role = f"sum by (le, xpyd_role) ({m.worker_rate(bucket)})"
     return tuple(
         Query(f"histogram_quantile({q}, {by_role})", f"p{round(q * 100)} {{{{xpyd_role}}}}") for q in (0.5, 0.99)
@@ -74,8 +74,8 @@ SCALING = RowSpec(
             "Requests waiting (and running) summed over each pool; the autoscaler's input.",
             "short",
             (
-                Query(f"sum by (xpyd_role) ({m.worker(m.VLLM_WAITING)})", "waiting {{xpyd_role}}"),
-                Query(f"sum by (xpyd_role) ({m.worker(m.VLLM_RUNNING)})", "running {{xpyd_role}}"),
+                Query(f"sum by (xpyd_role) ({m.worker(m.WAITING)})", "waiting {{xpyd_role}}"),
+                Query(f"sum by (xpyd_role) ({m.worker(m.RUNNING)})", "running {{xpyd_role}}"),
             ),
         ),
         PanelSpec(
@@ -103,15 +103,15 @@ LATENCY = RowSpec(
     (
         PanelSpec(
             "Time to first token (p50, p99)",
-            "vLLM's TTFT per pool: on prefill it is the prefill time, on decode it includes the KV handoff.",
+            "The engine's TTFT per pool: on prefill it is the prefill time, on decode it includes the KV handoff.",
             "s",
-            _quantiles(m.VLLM_TTFT_BUCKET),
+            _quantiles(m.TTFT_BUCKET),
         ),
         PanelSpec(
             "Inter-token latency (p50, p99)",
             "Time between streamed tokens, per pool (decode pools produce almost all of them).",
             "s",
-            _quantiles(m.VLLM_ITL_BUCKET),
+            _quantiles(m.ITL_BUCKET),
         ),
     ),
 )
@@ -124,20 +124,42 @@ CACHE = RowSpec(
             "Fraction of the KV cache blocks in use, mean and max over the workers of each pool.",
             "percentunit",
             (
-                Query(f"avg by (xpyd_role) ({m.worker(m.VLLM_KV_USAGE)})", "mean {{xpyd_role}}"),
-                Query(f"max by (xpyd_role) ({m.worker(m.VLLM_KV_USAGE)})", "max {{xpyd_role}}"),
+                Query(f"avg by (xpyd_role) ({m.worker(m.KV_USAGE)})", "mean {{xpyd_role}}"),
+                Query(f"max by (xpyd_role) ({m.worker(m.KV_USAGE)})", "max {{xpyd_role}}"),
             ),
         ),
         PanelSpec(
             "Prefix cache hit ratio",
-            "Router: share of prompt tokens its chosen worker already had cached. Workers: vLLM's own count.",
+            "Router: share of prompt tokens its chosen worker already had cached. Workers: the engine's own "
+            "count (vLLM's hit and query counters, or SGLang's hit-rate gauge for its pools).",
             "percentunit",
             (
                 Query(f"avg({m.own(m.ROUTER_PREFIX_HIT_RATIO)})", "router"),
                 Query(
-                    f"sum by (xpyd_role) ({m.worker_rate(m.VLLM_PREFIX_HITS)})"
-                    f" / sum by (xpyd_role) ({m.worker_rate(m.VLLM_PREFIX_QUERIES)})",
+                    f"(sum by (xpyd_role) ({m.worker_rate(m.PREFIX_HITS)})"
+                    f" / sum by (xpyd_role) ({m.worker_rate(m.PREFIX_QUERIES)}))"
+                    f" or avg by (xpyd_role) ({m.worker(m.CACHE_HIT_RATE)})",
                     "workers {{xpyd_role}}",
+                ),
+            ),
+        ),
+        PanelSpec(
+            "Prefix hits by tier",
+            "Router: share of routed prompt blocks its chosen worker held on the GPU, and in its CPU tier after "
+            "that (KV offloading: reloaded over the host link, not recomputed). The CPU line stays at zero "
+            "without offloading, or where the router's tier scorer found reloads do not pay.",
+            "percentunit",
+            (
+                Query(
+                    f'sum(rate({m.ROUTER_PROMPT_BLOCKS}{{namespace="$namespace", deployment="$deployment", '
+                    f'cached="true"}}[{m.RATE_INTERVAL}]))'
+                    f" / sum(rate({m.own(m.ROUTER_PROMPT_BLOCKS)}[{m.RATE_INTERVAL}])) or vector(0)",
+                    "gpu",
+                ),
+                Query(
+                    f"sum(rate({m.own(m.ROUTER_CPU_TIER_BLOCKS)}[{m.RATE_INTERVAL}]))"
+                    f" / sum(rate({m.own(m.ROUTER_PROMPT_BLOCKS)}[{m.RATE_INTERVAL}])) or vector(0)",
+                    "cpu",
                 ),
             ),
         ),
@@ -179,12 +201,88 @@ CACHE = RowSpec(
     ),
 )
 
+TOP_PAIRS = 5  # the per-pair panels show the worst pairs only: P x D series otherwise
+
+
+def _pair_quantiles() -> tuple[Query, ...]:
+    """p50 and p99 of the router's handoff latency per prefill/decode pair, the TOP_PAIRS slowest."""
+    by_pair = f"sum by (le, prefill, decode) (rate({m.own(m.ROUTER_HANDOFF_LATENCY_BUCKET)}[{m.RATE_INTERVAL}]))"
+    return tuple(
+        Query(
+            f"topk({TOP_PAIRS}, histogram_quantile({q}, {by_pair}))",
+            f"p{round(q * 100)} {{{{prefill}}}} → {{{{decode}}}}",
+        )
+        for q in (0.5, 0.99)
+    )
+
+
+KV_DATA_PATH = RowSpec(
+    "KV data path",
+    (
+        PanelSpec(
+            "KV handoff latency per pair (p50, p99)",
+            f"The router's time from a prefill hop's end to the decode hop's first byte, per prefill/decode pair "
+            f"(the {TOP_PAIRS} slowest): streamed requests over two hops only (vLLM's NIXL; not SGLang, whose legs "
+            "overlap). It includes the decode engine's queue and the KV read.",
+            "s",
+            _pair_quantiles(),
+        ),
+        PanelSpec(
+            "KV bytes handed over per pair",
+            "Prompt tokens x the model's KV bytes per token, per second and pair (the busiest): an upper bound, "
+            "as a decode worker's own prefix hits are not pulled. Engines: the bytes vLLM's NIXL moved, per pool.",
+            "Bps",
+            (
+                Query(
+                    f"topk({TOP_PAIRS}, sum by (prefill, decode) "
+                    f"(rate({m.own(m.ROUTER_HANDOFF_BYTES)}[{m.RATE_INTERVAL}])))",
+                    "{{prefill}} → {{decode}}",
+                ),
+                Query(f"sum by (xpyd_role) ({m.worker_rate(m.KV_XFER_BYTES_SUM)})", "engines {{xpyd_role}}"),
+            ),
+        ),
+        PanelSpec(
+            "KV handoff failures",
+            "Decode legs failed after their prefill, per second, by stage (unreachable: refused, reset, timed "
+            "out; error: 5xx or malformed before the first token), requests retried after one, and the failed "
+            "transfers the engines' NIXL connectors count.",
+            "ops",
+            (
+                Query(
+                    f"sum by (stage) (rate({m.own(m.ROUTER_HANDOFF_FAILURES)}[{m.RATE_INTERVAL}]))",
+                    "{{stage}}",
+                ),
+                Query(f"sum(rate({m.own(m.ROUTER_HANDOFF_RETRIES)}[{m.RATE_INTERVAL}]))", "retried"),
+                Query(f"sum by (xpyd_role) ({m.worker_rate(m.KV_XFER_FAILURES)})", "engines {{xpyd_role}}"),
+            ),
+        ),
+        PanelSpec(
+            "Pairs cooling off",
+            "Prefill/decode pairs each router holds out of pairing (its workers stay in rotation) and the "
+            "pairs taken out in the last 5 minutes, by reason: handoffs failed in a row, or slow in a row.",
+            "short",
+            (
+                Query(f"max({m.own(m.ROUTER_PAIRS_COOLING)})", "cooling off"),
+                Query(f"sum by (reason) (increase({m.own(m.ROUTER_PAIR_TRIPS)}[5m]))", "tripped: {{reason}}"),
+            ),
+        ),
+        PanelSpec(
+            "Engine KV transfer time (p50, p99)",
+            "vLLM's own NIXL transfer time per KV read, on the decode side (vllm:nixl_xfer_time_seconds, from "
+            "0.11.1): what the router's handoff latency spends moving bytes, without queueing.",
+            "s",
+            _quantiles(m.KV_XFER_TIME_BUCKET),
+            width=24,
+        ),
+    ),
+)
+
 DEPLOYMENT = DashboardSpec(
     name="xpyd-deployment",
     uid="xpyd-deployment",
     title="xpyd / DisaggregatedDeployment",
     description="One DisaggregatedDeployment: pools, queues, latency, KV cache, routing, autoscaling.",
-    rows=(SCALING, LATENCY, CACHE),
+    rows=(SCALING, LATENCY, CACHE, KV_DATA_PATH),
 )
 
 DASHBOARDS: tuple[DashboardSpec, ...] = (DEPLOYMENT,)

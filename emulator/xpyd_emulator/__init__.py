@@ -30,7 +30,12 @@ lease expires) and, unstreamed, returns {do_remote_prefill, do_remote_decode, re
 remote_block_ids, remote_host, remote_port, tp_size, xpyd_nvlink_domain, xpyd_node_name,
 xpyd_gpu}; a decode with do_remote_prefill pulls them from remote_host:remote_port (an allowed
 peer only, see peers.py), releasing the lease, sleeps the modelled handoff for the path between
-the two pods (NVLink within an NVLink domain, else RDMA), then decodes. SGLang
+the two pods (NVLink within an NVLink domain, else RDMA), then decodes. The side channel's answer
+carries the prefill's handshake (its handoff facts, xpyd_api.handoff, and its XPYD_ENGINE_REV, which
+the operator sets from the pod label xpyd.io/engine-rev): a decode refuses KV from a prefill of another
+revision, or with facts the newest vLLM's NixlConnector refuses (KV cache dtype, model, block and
+tensor parallel sizes), with vLLM's failed-KV-load answer, HTTP 500 (or recomputes, with
+kv_load_failure_policy=recompute). SGLang
 (--disaggregation-mode prefill|decode) pairs requests through bootstrap_host/port/room.
 SIGTERM drains the worker like a pod (server.py).
 

@@ -42,6 +42,7 @@ class EmulatorConfig:
     tp: int = 1
     dp: int = 1
     dp_attention: bool = False
+    metrics: bool = True  # serves /metrics (SGLang only with --enable-metrics)
     kv_transfer_config: dict[str, object] | None = None
     kv_events: KvEventsConfig | None = None  # --kv-events-config, when it turns publishing on
     max_model_len: int | None = None
@@ -73,6 +74,7 @@ class EmulatorConfig:
     group: GroupPlan = field(default_factory=GroupPlan)  # this pod's rank in a multi-node replica
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
+    engine_rev: str | None = None  # XPYD_ENGINE_REV: a decode refuses KV from a prefill of another revision
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -121,8 +123,34 @@ def _engine_parser(engine: str) -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-mode", choices=("null", "prefill", "decode"), default=None)
     p.add_argument("--disaggregation-bootstrap-port", type=PORT, default=None)
     p.add_argument("--config", default=None)
+    if engine == "sglang":
+        p.add_argument("--enable-metrics", dest="enable_metrics", action="store_true")
+        p.add_argument(
+            "--attn-dp-size", dest="attn_dp", type=POSITIVE, default=None
+        )  # 0.5.23's data-parallel attention
+    else:
+        p.add_argument("--moe-backend", dest="moe_backend", type=_moe_backend, default="auto")
     add_flags(p, engine, POSITIVE, INDEX, PORT)
     return p
+
+
+def _moe_backend(text: str) -> str:
+    """vLLM's --moe-backend spelling (lower case, '-' as '_'); which kernel does not change what is emulated."""
+    return text.lower().replace("-", "_")
+
+
+def _attn_dp(ns: argparse.Namespace) -> None:
+    """SGLang 0.5.23's `--attn-dp-size N` is data-parallel attention over N ranks, as older releases'
+    `--dp-size N --enable-dp-attention`: read it as those."""
+    size = getattr(ns, "attn_dp", None)
+    if size is None or size == 1:
+        return
+    if ns.dp not in (1, size):
+        raise CommandLineError(
+            f"--attn-dp-size {size} with --dp-size {ns.dp}: the emulator models data-parallel attention "
+            "alone (give --attn-dp-size only, or the same size to both)"
+        )
+    ns.dp, ns.dp_attn = size, True
 
 
 def _distance(a: str, b: str) -> int:
@@ -212,6 +240,7 @@ def parse_engine_command(
     except argparse.ArgumentError as exc:
         raise CommandLineError(f"bad engine flag: {exc}") from None
     _near_misses(parser, extra)
+    _attn_dp(ns)
     model = model or ns.model or ("facebook/opt-125m" if engine == "vllm" else None)
     if model is None:
         raise CommandLineError("SGLang command line needs --model-path MODEL")
@@ -227,6 +256,7 @@ def parse_engine_command(
         tp=ns.tp,
         dp=ns.dp,
         dp_attention=bool((ns.dp_attn or ns.ep_flag) and ns.dp > 1),
+        metrics=engine != "sglang" or ns.enable_metrics,
         kv_transfer_config=_kv_config(ns.kv_transfer_config) if ns.kv_transfer_config else None,
         kv_events=parse_kv_events(ns.kv_events_config, engine) if ns.kv_events_config else None,
         max_model_len=ns.max_model_len,

@@ -1,15 +1,20 @@
-"""The engine's KV-event publisher: vLLM's ZMQ wire format, byte for byte, fed by the block pool.
+"""The engine's KV-event publisher: the newest vLLM's ZMQ wire format, byte for byte, fed by the block pool.
 
-Wire (vLLM v0.11 `vllm/distributed/kv_events.py`, SGLang `srt/disaggregation/kv_events.py`):
-a PUB socket sends one multipart message per engine step, [topic, seq, payload], seq an 8-byte
-big-endian counter from 0, payload a msgpack `KVEventBatch` encoded by msgspec with
-`array_like=True`: [ts, [event, ...], data_parallel_rank], each event a tagged array
-["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium],
-["BlockRemoved", block_hashes, medium] or ["AllBlocksCleared"]. A ROUTER replay socket answers
-[identity, "", start_seq] with [identity, "", seq, payload] for each buffered batch from
-start_seq on, then [identity, "", -1 (8 bytes, signed), ""]. vLLM sends one BlockStored per
-newly cached run of a request (hashes chained through parent_block_hash) and one BlockRemoved per
-evicted block; SGLang one BlockStored per page. Like vLLM, a thread encodes and sends.
+Wire (vLLM 0.32 on `vllm/distributed/kv_events.py`, SGLang 0.5.23 `srt/disaggregation/kv_events.py`; both
+checked against the releases' own structs by tests/contract): a PUB socket sends one multipart message per
+engine step, [topic, seq, payload], seq an 8-byte big-endian counter from 0, payload a msgpack batch encoded
+by msgspec: [ts, [event, ...], data_parallel_rank] (an array), each event a map tagged by "type" with
+defaulted fields left out: {"type": "BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+lora_id, medium, lora_name}, {"type": "BlockRemoved", block_hashes, medium} or {"type": "AllBlocksCleared"}
+(vLLM before 0.32 sent each event as a tagged array; the router reads both). A ROUTER replay socket answers
+[identity, "", start_seq] with [identity, "", seq, payload] for each buffered batch from start_seq on, then
+[identity, "", -1 (8 bytes, signed), ""]. vLLM sends one BlockStored per newly cached run of a request
+(hashes chained through parent_block_hash) and one BlockRemoved per evicted block; SGLang one BlockStored
+per page. Like vLLM, a thread encodes and sends. A salted prompt's first run carries its salt as vLLM
+publishes it: extra_keys, the first block's [salt].
+
+The SGLang flavour publishes SGLang 0.5.23's layout: the batch still [ts, events, attn_dp_rank],
+each event a map tagged by "type" with None fields left out, BlockStored carrying `cache_salt`.
 
 A data-parallel rank r publishes on its own sockets, the endpoints' ports + r (KvEventsConfig
 .for_rank), every batch carrying data_parallel_rank r and its own sequence numbers from 0, as
@@ -44,8 +49,8 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None  # SGLang names it attn_dp_rank; same position
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """Base of the tagged events; the tag is the class name."""
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """Base of vLLM's events (0.32 on): maps tagged by "type" (the class name), defaulted fields left out."""
 
 
 class BlockStored(KVCacheEvent):
@@ -55,6 +60,8 @@ class BlockStored(KVCacheEvent):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None  # required (no default): always on the wire, None without LoRA
+    extra_keys: list[list[str] | None] | None = None  # a salted prompt's first block: [salt]; one per block
 
 
 class BlockRemoved(KVCacheEvent):
@@ -66,33 +73,66 @@ class AllBlocksCleared(KVCacheEvent):
     pass
 
 
+class MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    """SGLang 0.5.23's events: tagged maps (`type`), None fields omitted."""
+
+
+class MapBlockStored(MapEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+    cache_salt: str | None = None
+
+
+class MapBlockRemoved(MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class MapAllBlocksCleared(MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
 class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list[Any]
 
 
-WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
+WireEvent = BlockStored | BlockRemoved | AllBlocksCleared | MapEvent
 
 
 def to_wire(events: list[KvEvent], block_size: int, per_page: bool) -> list[WireEvent]:
-    """The block pool's events as the engine's structs (per_page: SGLang's one BlockStored per page)."""
+    """The block pool's events as the engine's structs (per_page: SGLang's, one BlockStored per page)."""
     out: list[WireEvent] = []
     for event in events:
         kind = event[0]
         if kind == "removed":
-            out.append(BlockRemoved(list(event[1]), MEDIUM_GPU))
+            out.append(
+                MapBlockRemoved(list(event[1]), MEDIUM_GPU) if per_page else BlockRemoved(list(event[1]), MEDIUM_GPU)
+            )
         elif kind == "cleared":
-            out.append(AllBlocksCleared())
+            out.append(MapAllBlocksCleared() if per_page else AllBlocksCleared())
         else:
-            _, hashes, parent, ids = event
+            _, hashes, parent, ids, *rest = event
+            salt: str | None = rest[0] if rest else None
             tokens: list[int] = ids.tolist() if hasattr(ids, "tolist") else list(ids)
             if not per_page:
-                out.append(BlockStored(list(hashes), parent, tokens, block_size, None, MEDIUM_GPU))
+                out.append(_vllm_stored(list(hashes), parent, tokens, block_size, salt))
                 continue
             for i, h in enumerate(hashes):
                 page = tokens[i * block_size : (i + 1) * block_size]
-                out.append(BlockStored([h], parent, page, block_size, None, MEDIUM_GPU))
+                out.append(MapBlockStored([h], parent, page, block_size, None, MEDIUM_GPU, salt))
                 parent = h
     return out
+
+
+def _vllm_stored(hashes: list[int], parent: int | None, tokens: list[int], size: int, salt: str | None) -> WireEvent:
+    if salt is None or parent is not None:  # the salt is hashed into a prompt's first block only
+        return BlockStored(hashes, parent, tokens, size, None, MEDIUM_GPU, None)
+    extra: list[list[str] | None] = [[salt], *([None] * (len(hashes) - 1))]
+    return BlockStored(hashes, parent, tokens, size, None, MEDIUM_GPU, None, extra)
 
 
 class ZmqPublisher:

@@ -6,13 +6,15 @@ its side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT). The decode "reads" them wit
 that side channel, which releases the lease; a lease nobody pulls expires after
 XPYD_KV_LEASE_SECONDS (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT), so blocks are never pinned for
 good. The side channel serves allowed peers only; unknown or expired blocks fail the decode like
-a failed NIXL transfer.
+a failed NIXL transfer. Its answer carries the prefill's handshake (its handoff facts and engine
+revision, as NIXL's handshake carries vLLM's compatibility hash), which the decode checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -89,8 +91,10 @@ def _reply(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=error_body(message, status), content_type="application/json")
 
 
-def side_channel_app(leases: LeaseTable, peers: PeerPolicy, body_timeout: float = 10.0) -> web.Application:
-    """The side-channel HTTP app a decode pulls blocks from (allowed peers only)."""
+def side_channel_app(
+    leases: LeaseTable, peers: PeerPolicy, body_timeout: float = 10.0, handshake: dict[str, Any] | None = None
+) -> web.Application:
+    """The side-channel HTTP app a decode pulls blocks from (allowed peers only); `handshake` rides on each answer."""
 
     async def pull(request: web.Request) -> web.Response:
         remote = request.remote or ""
@@ -115,15 +119,15 @@ def side_channel_app(leases: LeaseTable, peers: PeerPolicy, body_timeout: float 
             lease = leases.release(body["engine_id"], ids)
         except LookupError as exc:
             return _reply(404, str(exc))
-        return web.json_response({"blocks": lease.blocks, "tokens": lease.tokens})
+        return web.json_response({"blocks": lease.blocks, "tokens": lease.tokens, "handshake": handshake or {}})
 
     app = web.Application(client_max_size=SIDE_CHANNEL_MAX_BODY)
     app.router.add_post(PULL_PATH, pull)
     return app
 
 
-async def pull_blocks(session: aiohttp.ClientSession, remote: RemoteKv) -> int:
-    """Read a prefill's leased blocks over its side channel; returns the tokens they hold."""
+async def pull_blocks(session: aiohttp.ClientSession, remote: RemoteKv) -> tuple[int, dict[str, Any]]:
+    """Read a prefill's leased blocks over its side channel; returns the tokens they hold and its handshake."""
     where = f"{remote.engine_id} at {remote.host}:{remote.port}"
     url = f"http://{url_host(remote.host)}:{remote.port}{PULL_PATH}"
     payload = orjson.dumps({"engine_id": remote.engine_id, "block_ids": remote.block_ids})
@@ -137,6 +141,7 @@ async def pull_blocks(session: aiohttp.ClientSession, remote: RemoteKv) -> int:
             tokens = doc.get("tokens") if isinstance(doc, dict) else None
             if type(tokens) is not int:
                 raise ApiError(f"KV transfer from {where} failed: malformed side-channel reply", status=500)
-            return tokens
+            handshake = doc.get("handshake")
+            return tokens, handshake if isinstance(handshake, dict) else {}
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise ApiError(f"KV transfer from {where} failed: {exc!r}", status=500) from None

@@ -67,6 +67,13 @@ def flag_word(text: str) -> bool:
     raise ValueError(f"{text!r} is not a boolean (use 1 or 0)")
 
 
+def revision_text(text: str) -> object:
+    value = text.strip()
+    if not value or len(value) > 63 or not all(c.isalnum() or c in "-_." for c in value):
+        raise ValueError(f"{text!r} is not a label value (1 to 63 letters, digits, '-', '_' or '.')")
+    return value
+
+
 KNOBS = (
     Knob("kv_peers", "--kv-peers", "XPYD_KV_PEERS", peer_list, None,
          "CIDRs, addresses or host names this worker may pull KV from (default: the /16 of the "
@@ -88,6 +95,9 @@ KNOBS = (
     Knob("heartbeat_timeout", "--heartbeat-timeout", "XPYD_HEARTBEAT_TIMEOUT", number(float, 0.2, 600), 5.0,
          "seconds of silence after which a multi-node replica's leader counts a rank lost (its /health turns "
          "503 for good) and a rank its leader (it exits 1); default 5"),
+    Knob("engine_rev", "--engine-rev", "XPYD_ENGINE_REV", revision_text, None,
+         "this worker's engine revision (the pod label xpyd.io/engine-rev, set by the operator): a decode refuses "
+         "KV from a prefill of another revision with vLLM's failed-KV-load answer (default: no revision, no check)"),
 )  # fmt: skip
 
 

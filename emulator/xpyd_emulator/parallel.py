@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
 VLLM_MASTER_PORT = 29501  # vLLM's --master-port default (0.11.1)
 VLLM_RPC_PORT = 29550  # vLLM's --data-parallel-rpc-port default
-VLLM_ALL2ALL = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "allgather_reducescatter",
-                "flashinfer_all2allv")  # fmt: skip
+# vLLM's --all2all-backend choices (0.33 config/parallel.py All2AllBackend)
+VLLM_ALL2ALL = ("naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
+                "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
+                "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,7 @@ def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[GroupPlan, La
     backend = ns.all2all or env.get("VLLM_ALL2ALL_BACKEND") or "allgather_reducescatter"
     if backend not in VLLM_ALL2ALL:
         raise CommandLineError(f"env VLLM_ALL2ALL_BACKEND {backend!r} is not one of {', '.join(VLLM_ALL2ALL)}")
-    a2a: A2aKind = "high_throughput" if backend == "deepep_high_throughput" else "low_latency"
+    a2a: A2aKind = "high_throughput" if backend.endswith("high_throughput") else "low_latency"
     dp = ns.dp
     plan = GroupPlan()
     if ns.nnodes > 1:

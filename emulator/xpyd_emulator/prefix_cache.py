@@ -14,8 +14,8 @@ Every method takes the rank (default 0); with one rank the pool is the plain sin
 A prompt's blocks are touched tail first, as vLLM frees a request's blocks in reverse order:
 the LRU end then holds the tails of old prompts, so eviction shortens a cached prefix instead
 of cutting its head (which would leave the rest unreachable). With events recorded, every change
-is kept per rank as vLLM's KV events report it: ("stored", hashes, parent, token ids) for the
-blocks a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
+is kept per rank as vLLM's KV events report it: ("stored", hashes, parent, token ids[,
+cache salt]) for the blocks a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from itertools import islice
 from typing import Any
 
 KvEvent = tuple[Any, ...]
+MAX_SALTS = 1 << 16  # salted prompts remembered (by first block) for their stored events
 
 
 class BlockPool:
     """Block accounting for one engine (or one per data-parallel rank): pinned blocks plus LRU indexes."""
 
-    __slots__ = ("_batch", "_events", "_indexes", "_pinned", "block_size", "enabled", "evictions", "num_blocks",
-                 "rank_blocks", "ranks")  # fmt: skip
+    __slots__ = ("_batch", "_events", "_indexes", "_pinned", "_salts", "block_size", "enabled", "evictions",
+                 "num_blocks", "rank_blocks", "ranks")  # fmt: skip
 
     def __init__(self, num_blocks: int, block_size: int, enabled: bool = True, ranks: int = 1) -> None:
         self.ranks = max(1, ranks)
@@ -43,6 +44,7 @@ class BlockPool:
         self._events: list[list[KvEvent]] | None = None  # per rank, when KV events are published
         self._batch = max(1, self.rank_blocks // 64)
         self._indexes: list[dict[int, None]] = [{} for _ in range(self.ranks)]
+        self._salts: dict[int, str] = {}  # first block hash of a salted prompt -> its cache_salt
 
     def __len__(self) -> int:
         return sum(map(len, self._indexes))
@@ -115,7 +117,9 @@ class BlockPool:
             if first < len(hashes):
                 size = self.block_size
                 ids = [] if tokens is None else tokens[first * size : len(hashes) * size]
-                events.append(("stored", hashes[first:], hashes[first - 1] if first else None, ids))
+                salt = self._salts.get(hashes[0])
+                stored = ("stored", hashes[first:], hashes[first - 1] if first else None, ids)
+                events.append((*stored, salt) if salt is not None else stored)
         for h in reversed(hashes):
             if h in index:
                 del index[h]
@@ -128,6 +132,14 @@ class BlockPool:
             self.evictions += len(victims)
             if events is not None:
                 events.extend(("removed", [h]) for h in victims)
+
+    def salt(self, root: int, salt: str) -> None:
+        """The prompt whose first block hashes to `root` was sent with `salt`: its stored events carry it."""
+        salts = self._salts
+        salts.pop(root, None)
+        salts[root] = salt
+        if len(salts) > MAX_SALTS:
+            del salts[next(iter(salts))]
 
     def take_events(self, rank: int = 0) -> list[KvEvent]:
         """`rank`'s events recorded since the last call (empty when none or when events are off)."""

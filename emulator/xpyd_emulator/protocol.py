@@ -13,7 +13,7 @@ import orjson
 
 from xpyd_emulator.errors import ApiError
 from xpyd_emulator.peers import Bootstrap, bootstrap_fields
-from xpyd_emulator.tokens import Ids, chain_hashes, render_chat, token_ids
+from xpyd_emulator.tokens import NONE_HASH, Ids, chain_hashes, render_chat, salted_seed, token_ids
 
 __all__ = ["DONE", "ApiError", "ParsedRequest", "SseFormat", "full_response", "parse_request", "usage"]
 
@@ -45,6 +45,7 @@ class ParsedRequest:
     bootstrap: Bootstrap | None = None  # SGLang bootstrap_host/port/room
     tokens: Ids | None = None  # the prompt's token ids (with prefix caching on), for KV events
     data_parallel_rank: int | None = None  # the rank its X-data-parallel-rank header names (dp_routing.py)
+    salt: str | None = None  # its cache_salt: its blocks are its own (tokens.salted_seed)
 
 
 def _show(value: object) -> str:
@@ -76,6 +77,16 @@ def _check_sampling(body: dict[str, Any]) -> None:
     n = body.get("n")
     if n is not None and n != 1:
         raise ApiError(f"n must be 1 in the emulator, got {_show(n)}.", param="n")
+
+
+def _check_min_tokens(value: object, max_tokens: int) -> None:
+    """vLLM's SamplingParams._verify_args on min_tokens (its messages), against the max_tokens it runs with."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(f"min_tokens must be an integer, got {_show(value)}", param="min_tokens")
+    if value < 0:
+        raise ApiError(f"min_tokens must be greater than or equal to 0, got {value}.")
+    if value > max_tokens:
+        raise ApiError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {value}.")
 
 
 def _chat_text(messages: Any) -> str:
@@ -152,7 +163,10 @@ def parse_request(
         raise ApiError("kv_transfer_params must be an object.", param="kv_transfer_params")
     ids = token_ids(_chat_text(body.get("messages"))) if chat else _prompt(body)
     n_prompt = len(ids)
-    hashes = chain_hashes(ids, block_size) if hash_blocks else []
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    hashes = chain_hashes(ids, block_size, seed=salted_seed(salt) if salt else NONE_HASH) if hash_blocks else []
     if n_prompt == 0:
         raise ApiError("The prompt cannot be empty.", param="prompt")
     asked = body.get("max_tokens")
@@ -169,6 +183,8 @@ def parse_request(
             "Please reduce the length of the messages or completion.",
             param="input_tokens",
         )
+    if body.get("min_tokens") is not None:  # vLLM runs an unbounded chat request to the end of the context
+        _check_min_tokens(body["min_tokens"], max_tokens if asked is not None or not chat else max_model_len - n_prompt)
     return ParsedRequest(
         chat=chat,
         model=model,
@@ -183,6 +199,7 @@ def parse_request(
         created=int(time.time()),
         bootstrap=bootstrap_fields(body) if sglang else None,
         tokens=ids if hash_blocks else None,
+        salt=salt,
     )
 
 

@@ -147,6 +147,8 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
+    if not worker.cfg.metrics:  # SGLang without --enable-metrics has no such route
+        raise ApiError(f"no route {request.method} {request.path[:100]}", status=404)
     return web.Response(text=worker.render_metrics(), content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})  # fmt: skip
 
@@ -220,7 +222,7 @@ async def serve(
     await worker.start()
     apps = [(build_app(worker), cfg.host, cfg.port)]
     if worker.connector:
-        side = side_channel_app(worker.leases, worker.peers, cfg.body_timeout)
+        side = side_channel_app(worker.leases, worker.peers, cfg.body_timeout, worker.handshake())
         apps.append((side, cfg.side_channel_host, cfg.side_channel_port))
     if worker.bootstrap_server:
         apps.append((bootstrap_app(worker.rooms, worker.peers), cfg.host, cfg.bootstrap_port or SGLANG_BOOTSTRAP_PORT))

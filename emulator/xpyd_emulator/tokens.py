@@ -30,6 +30,13 @@ _SEED_TEXT = os.environ.get("PYTHONHASHSEED")
 NONE_HASH = hash(("xpyd-none-hash", int(_SEED_TEXT))) & MASK64 if _SEED_TEXT else random.getrandbits(64)
 
 
+def salted_seed(salt: str) -> int:
+    """The chain seed of a request with a `cache_salt`: its blocks are namespaced by the salt, as the
+    engines' are (vLLM hashes it into the first block, SGLang into the namespace), so they never match
+    another salt's or an unsalted prompt's."""
+    return hash(("xpyd-cache-salt", NONE_HASH, salt)) & MASK64
+
+
 def chain_hashes(ids: Ids, block_size: int, limit: int | None = None, seed: int = NONE_HASH) -> list[int]:
     """Chained 64-bit hashes of the full `block_size`-token blocks of `ids` (at most `limit`)."""
     full = len(ids) // block_size

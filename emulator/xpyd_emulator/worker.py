@@ -14,10 +14,13 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
+from xpyd_api import handoff
+from xpyd_api.engines import METRICS
 from xpyd_emulator.bootstrap import RoomTable, wait_room
 from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.dp_routing import check_rank
@@ -70,8 +73,14 @@ class Worker:
         self.ranks = ranks  # vLLM's data-parallel engines, each with its own prefix cache and metrics
         self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching, ranks=ranks)
         name = cfg.served_model_names[0]
-        self.rank_metrics = [EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r) for r in range(ranks)]
+        self.metric_names = METRICS[cfg.engine]  # the engine's own names (xpyd_api.engines)
+        labels = _sglang_labels(name, cfg.disaggregation_mode) if cfg.engine == "sglang" else None
+        self.rank_metrics = [
+            EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r, labels) for r in range(ranks)
+        ]
         self.metrics = self.rank_metrics[0]
+        for m in self.rank_metrics:  # vLLM's NixlConnector series, with a KV connector
+            m.nixl = cfg.kv_transfer_config is not None and cfg.engine == "vllm"
         self.engine = Engine(
             self.spec, self.gpu, cfg.tp, self.pool, self.rank_metrics, speedup=cfg.speedup,
             max_num_batched_tokens=cfg.max_num_batched_tokens * ranks, max_num_seqs=cfg.max_num_seqs * ranks,
@@ -90,6 +99,7 @@ class Worker:
         self.sglang = cfg.engine == "sglang"
         self.bootstrap_server = self.sglang and cfg.disaggregation_mode == "prefill"
         self.connector = cfg.kv_transfer_config is not None
+        self.facts = handoff_facts(cfg)
         self.recompute_failed_loads = bool(
             cfg.kv_transfer_config and cfg.kv_transfer_config.get("kv_load_failure_policy") == "recompute"
         )
@@ -146,7 +156,7 @@ class Worker:
         self.engine.gauges()
         for rank, m in enumerate(self.rank_metrics):
             m.index_blocks = self.pool.cached(rank)
-        return render_engines(self.rank_metrics)
+        return render_engines(self.rank_metrics, self.metric_names)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() and not self._tasks:
@@ -207,6 +217,8 @@ class Worker:
         """Start a request: fetch remote KV first for a disaggregated decode, then schedule it."""
         now = asyncio.get_running_loop().time()
         rank = self.choose_rank(req.data_parallel_rank)  # vLLM checks the rank before the prompt's length
+        if req.salt is not None and req.hashes:
+            self.pool.salt(req.hashes[0], req.salt)
         if req.prompt_tokens + req.max_tokens > self.pool.rank_blocks * self.pool.block_size:
             raise ApiError(f"request needs more KV blocks than this engine has ({self.pool.rank_blocks}).")
         kv = req.kv_transfer_params if self.connector else None
@@ -272,12 +284,17 @@ class Worker:
         self.engine.gauges()
         try:
             if remote is not None:
-                await pull_blocks(self._session, remote)
+                _, handshake = await pull_blocks(self._session, remote)
+                if (problem := self.handshake_problem(handshake)) is not None:
+                    where = f"{remote.engine_id} at {remote.host}:{remote.port}"
+                    raise ApiError(f"KV transfer from {where} failed: {problem}", status=500)
                 return {"tp_size": remote.tp_size, "xpyd_nvlink_domain": remote.nvlink_domain,
                         "xpyd_node_name": remote.node_name}  # fmt: skip
             assert req.bootstrap is not None
             return await wait_room(self._session, req.bootstrap, self.cfg.kv_lease_seconds)
         except ApiError as exc:
+            if remote is not None:
+                self.rank_metrics[rank].nixl_failed += 1
             if not self.recompute_failed_loads:
                 log.warning("%s", exc.message)
                 raise
@@ -301,7 +318,11 @@ class Worker:
         remote_tp = info.get("tp_size")
         prefill_tp = remote_tp if type(remote_tp) is int and remote_tp > 0 else self.cfg.tp
         lanes = handoff_lanes(self.spec, prefill_tp, self.cfg.tp, self.cfg.dp_attention)
-        seconds = handoff_seconds(kv_bytes(self.spec, req.prompt_tokens - local), path, self.gpu, lanes)
+        moved = kv_bytes(self.spec, req.prompt_tokens - local)
+        seconds = handoff_seconds(moved, path, self.gpu, lanes)
+        if remote is not None:  # one NIXL transfer, as the decode's connector times it
+            self.rank_metrics[rank].nixl_time.observe(seconds / self.cfg.speedup)
+            self.rank_metrics[rank].nixl_bytes.observe(float(moved))
         if not self.cfg.zero_delay:
             await asyncio.sleep(seconds / self.cfg.speedup)
         m = self.rank_metrics[rank]
@@ -311,6 +332,30 @@ class Worker:
                        streamed=req.stream, rank=rank)  # fmt: skip
         seq.cached = local
         return seq
+
+    def handshake(self) -> dict[str, Any]:
+        """What this worker's side channel tells a decode before it reads the KV (NIXL's handshake)."""
+        return {"engine_rev": self.cfg.engine_rev, "facts": self.facts.as_dict()}
+
+    def handshake_problem(self, remote: dict[str, Any]) -> str | None:
+        """Why this decode cannot read KV from the prefill whose handshake this is, as vLLM would refuse it.
+
+        Another engine revision (both workers told theirs, XPYD_ENGINE_REV) is refused as the router should
+        never pair it; incompatible facts as the newest vLLM's NixlConnector refuses them."""
+        rev = remote.get("engine_rev")
+        if self.cfg.engine_rev and isinstance(rev, str) and rev and rev != self.cfg.engine_rev:
+            return (
+                f"NIXL compatibility hash mismatch: the prefill runs engine revision {rev[:63]}, this decode "
+                f"{self.cfg.engine_rev}; prefill and decode instances have incompatible configurations"
+            )
+        facts = remote.get("facts")
+        if not isinstance(facts, dict):
+            return None  # an emulator without a handshake: nothing to compare
+        try:
+            theirs = handoff.HandoffFacts(**facts)
+            return handoff.engine_refusal(theirs, self.facts)
+        except (TypeError, ValueError, ZeroDivisionError):
+            return "malformed handshake from the prefill's side channel"
 
     def kv_params(self, seq: Sequence) -> dict[str, Any] | None:
         """The kv_transfer_params a remote-decode prefill returns (its blocks already under a lease)."""
@@ -326,3 +371,17 @@ class Worker:
             "remote_port": self.cfg.side_channel_port,
             **self._placement(),
         }
+
+
+def handoff_facts(cfg: EmulatorConfig) -> handoff.HandoffFacts:
+    """This worker's handoff facts from its engine command line (xpyd_api.handoff, as the operator reads a spec)."""
+    connector = str((cfg.kv_transfer_config or {}).get("kv_connector") or "")
+    defaults = {"tp": cfg.tp, "pp": cfg.layout.pp, "dp": cfg.dp}
+    facts = handoff.argv_facts(cfg.engine, cfg.extra_args, connector=connector, model=cfg.model, defaults=defaults)
+    return replace(facts, block_size=str(cfg.block_size))
+
+
+def _sglang_labels(model: str, mode: str | None) -> str:
+    """SGLang's scheduler metric labels (observability/metrics_collector.py), for one scheduler."""
+    kind = mode or "unified"
+    return f'engine_type="{kind}",model_name="{model}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'

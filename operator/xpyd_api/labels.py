@@ -24,7 +24,7 @@ MANAGER: Final = "xpyd-operator"  # also the server-side-apply field manager
 Role = Literal["prefill", "decode", "worker", "router"]
 ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "worker", "router")
 
-# Node labels from NVIDIA GPU Feature Discovery (DESIGN.md section 4) live with the topology table
+# Node labels from NVIDIA GPU Feature Discovery (docs/install.md, step 1) live with the topology table
 # (xpyd_perf.topology), which says which values each kind of node carries; re-exported here.
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 HOSTNAME: Final = "kubernetes.io/hostname"
@@ -44,13 +44,16 @@ def nvlink_domain(node_name: str, node_labels: dict[str, str]) -> str:
 # Pod label with the NVLink domain the operator pinned the pod to (an NVL72 clique). Pods without
 # it: on HGX the domain is the pod's node (pod.spec.nodeName), elsewhere unknown.
 NVLINK_DOMAIN_LABEL: Final = "xpyd.io/nvlink-domain"
-ENGINE_REV: Final = "xpyd.io/engine-rev"  # pod label: hash of engine image + KV connector; the router pairs equal ones
+ENGINE_REV: Final = (
+    "xpyd.io/engine-rev"  # pod label: hash of the handoff facts (xpyd_api.handoff); the router pairs equal ones
+)
+ENV_ENGINE_REV: Final = "XPYD_ENGINE_REV"  # the emulator's own revision (that label, by the downward API)
 APPLIED_HASH: Final = "xpyd.io/applied-hash"  # annotation: hash of the manifest the operator last applied
 APP_NAME: Final = "app.kubernetes.io/name"
 ENV_ROLE: Final = "XPYD_ROLE"
 ENV_DEPLOYMENT: Final = "XPYD_DEPLOYMENT"
 ENV_ROUTER_POLICY: Final = "XPYD_ROUTER_POLICY"  # kv-aware | least-loaded | round-robin
-ENV_ROUTER_API_KEY: Final = "XPYD_ROUTER_API_KEY"  # the router's bearer key, from spec.router.apiKeySecret
+ENV_ROUTER_API_KEY: Final = "XPYD_ROUTER_API_KEY"  # standalone routers: the bearer key without --api-key-file
 ENV_NIXL_HOST: Final = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 ENV_NIXL_PORT: Final = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 
@@ -62,12 +65,17 @@ KV_EVENTS_PORT: Final = 5557  # the engine's KV-cache event publisher (ZMQ PUB; 
 KV_REPLAY_PORT: Final = 5657  # its replay socket (ZMQ ROUTER); +100 so data-parallel ranks (port + rank) never clash
 # data-parallel rank r publishes on both ports + r (vLLM): more ranks than the gap on one host would collide
 MAX_DATA_PARALLEL: Final = KV_REPLAY_PORT - KV_EVENTS_PORT
-# Annotations on the pod that serves a vLLM data-parallel replica's API: the router routes to each rank
-# (X-data-parallel-rank) and subscribes to rank r's events on pod r // local of the group, port + r.
+# Annotations on the pod that serves a data-parallel replica's API: the router subscribes to rank r's events on
+# pod r // local of the group, port + r; with routing "ranks" it routes to each rank (X-data-parallel-rank), with
+# "engine" the replica is one target whose engine balances the ranks.
 DATA_PARALLEL_SIZE: Final = "xpyd.io/data-parallel-size"
 DATA_PARALLEL_LOCAL: Final = "xpyd.io/data-parallel-size-local"
+DATA_PARALLEL_ROUTING: Final = "xpyd.io/data-parallel-routing"
 KV_EVENTS_PORT_NAME: Final = "kv-events"  # container port names the router's discovery looks for
 KV_REPLAY_PORT_NAME: Final = "kv-replay"
+KV_SIDE_PORT_NAME: Final = "kv-side"  # the handoff's side channel (NIXL_PORT) on prefill and decode pods
+BOOTSTRAP_PORT_NAME: Final = "bootstrap"  # SGLang's bootstrap server on prefill pods
+RANK_JOIN_PORT_NAME: Final = "rank-join"  # where a multi-node replica's other ranks meet its leader
 KV_EVENTS_TOPIC: Final = "kv-events"
 ROUTER_PORT: Final = 8000
 OWN_IMAGE: Final = "ghcr.io/xpyd/xpyd"

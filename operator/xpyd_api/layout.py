@@ -1,7 +1,7 @@
 """How one replica lays out over pods: one pod per replica, or a LeaderWorkerSet group of whole nodes.
 
 A replica (one engine instance) of G GPUs on a system whose nodes hold g GPUs is one pod when
-G <= g, else a group of G / g pods, one per node (DESIGN.md section 11). Its parallelism is
+G <= g, else a group of G / g pods, one per node (docs/configure.md, "Multi-node replicas"). Its parallelism is
 tensor x pipeline x data parallel = G; data-parallel ranks never span pods, so each pod of a
 multi-node replica with data parallelism holds dp / pods whole ranks. Pure: the API's rules, the
 operator's builders, the router and the simulator all ask this one function.

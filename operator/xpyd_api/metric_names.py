@@ -1,6 +1,6 @@
 """Every Prometheus metric name xpyd reads or writes, so exporters and consumers cannot drift apart.
 
-The worker's names are vLLM's (DESIGN.md section 6): the router scrapes them, the autoscaler queries
+The worker's names are vLLM's (docs/operate.md, "Metrics"): the router scrapes them, the autoscaler queries
 them through Prometheus, the dashboards plot them and the emulator exports them. xpyd's own names
 (`xpyd_` prefix) are exported by the router, the operator's autoscaler and the emulator, and read
 by the dashboards. Counters carry their `_total` suffix as exposed; histograms are named without
@@ -57,6 +57,13 @@ ROUTER_KV_EVENT_BLOCKS: Final = "xpyd_router_kv_event_blocks_total"  # per worke
 ROUTER_PEERS: Final = "xpyd_router_peers"  # the other router replicas this one exchanges with
 ROUTER_PEERS_SHARING_ROUTES: Final = "xpyd_router_peers_sharing_routes"  # 1: every peer passes on its routes
 ROUTER_PEER_ROUTES: Final = "xpyd_router_peer_routes_total"  # peers' routes recorded in the index
+# per prefill/decode pair (labels prefill, decode: the workers' target names): the KV data path
+ROUTER_HANDOFF_LATENCY: Final = "xpyd_router_handoff_latency_seconds"  # histogram: prefill end -> decode first byte
+ROUTER_HANDOFF_BYTES: Final = "xpyd_router_handoff_bytes_total"  # prompt tokens x --kv-bytes-per-token
+ROUTER_HANDOFF_FAILURES: Final = "xpyd_router_handoff_failures_total"  # decode legs failed after prefill; label stage
+ROUTER_HANDOFF_RETRIES: Final = "xpyd_router_handoff_retries_total"  # requests retried after their pair failed
+ROUTER_PAIRS_COOLING: Final = "xpyd_router_pairs_cooling_off"  # pairs out of pairing now
+ROUTER_PAIR_TRIPS: Final = "xpyd_router_pair_trips_total"  # pairs taken out of pairing; label reason
 
 # --- the operator's autoscaler (labels namespace, deployment, role) ---
 AUTOSCALER_DESIRED: Final = "xpyd_autoscaler_desired_replicas"
@@ -64,6 +71,9 @@ AUTOSCALER_ACTUAL: Final = "xpyd_autoscaler_actual_replicas"
 AUTOSCALER_REASON: Final = "xpyd_autoscaler_decision_reason"  # 1 for the last decision's reason
 AUTOSCALER_HEALTHY: Final = "xpyd_autoscaler_healthy"
 AUTOSCALER_SCALE_EVENTS: Final = "xpyd_autoscaler_scale_events_total"
+AUTOSCALER_SLO_CORRECTION: Final = "xpyd_autoscaler_slo_model_correction"  # observed / predicted latency
+AUTOSCALER_SLO_PREDICTED: Final = "xpyd_autoscaler_slo_predicted_attainment"  # of the last decision, 0..1
+AUTOSCALER_READY_SECONDS: Final = "xpyd_autoscaler_replica_ready_seconds"  # measured time to Ready
 
 # --- the worker emulator's own ---
 EMULATOR_PREFIX_INDEX_BLOCKS: Final = "xpyd_emulator_prefix_index_blocks"

@@ -7,8 +7,10 @@ from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from xpyd_api.apibase import QUANTITY, ApiModel
+from xpyd_api.apibase import FREE_FORM, QUANTITY, ApiModel, cel
+from xpyd_api.engines import Kind
 from xpyd_api.layout import ReplicaLayout, replica_layout
+from xpyd_api.netmodels import NetworkPolicySpec
 from xpyd_api.podmodels import (
     ModelCache,
     NetworkSpec,
@@ -24,18 +26,23 @@ from xpyd_api.rules import (
     SPEC_RULES,
     TOPOLOGY_KINDS,
     SpecError,
+    check_engine,
     check_pool,
     check_spec,
     check_world,
 )
 from xpyd_perf.topology import TOPOLOGIES, Topology
 
-EngineKind = Literal["vllm", "sglang", "emulator"]
+EngineKind = Kind  # the kinds the engine profiles know (xpyd_api.engines)
 HF_TOKEN: Final = "HF_TOKEN"  # what model.tokenSecret sets: vLLM, SGLang and huggingface_hub read it
+MODEL_CONFIG_KEY: Final = "config.json"  # the key `kubectl create configmap NAME --from-file=config.json` writes
+MODEL_CONFIG_ONE_SOURCE: Final = "model takes config or configMap, not both"
 ANY_TOPOLOGY: Final = "Any"  # pins nothing: no hardware to model or to select nodes by
 Mode = Literal["Disaggregated", "Colocated"]
 RouterPolicy = Literal["kv-aware", "least-loaded", "round-robin"]
 DataParallelRouting = Literal["auto", "ranks", "engine"]
+RouterLogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+RouterServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
 AUTO_TOKENIZER: Final = "auto"
 # auto | none | hf:owner/name[@revision] (the router's grammar for a Hub repository) | an absolute path
 TOKENIZER_PATTERN: Final = (
@@ -53,10 +60,6 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 KvPath = Literal["NVLink", "RDMA", "Local", "Unknown"]
 
 
-def _cel(rules: list[dict[str, str]]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": rules}
-
-
 def _not_stored(schema: dict[str, Any]) -> None:
     """Keeps a default out of the CRD: the operator applies it when reading; the API server stores none."""
     schema.pop("default", None)
@@ -65,20 +68,52 @@ def _not_stored(schema: dict[str, Any]) -> None:
 _Model = ApiModel  # camelCase aliases, unknown fields refused (xpyd_api.apibase)
 
 
+class ConfigMapKeySelector(_Model):
+    """A key of a ConfigMap in the deployment's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="A ConfigMap in the deployment's namespace.")
+    key: str = Field(default=MODEL_CONFIG_KEY, min_length=1, description="The key of its data holding config.json.")
+
+
 class ModelSpec(_Model):
     """The served model."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            [{"rule": "!(has(self.config) && has(self.configMap))", "message": MODEL_CONFIG_ONE_SOURCE}]
+        )
+    )
+
     name: str = Field(min_length=1, description="Model to serve, e.g. meta-llama/Llama-3.1-70B-Instruct.")
     kv_bytes_per_token: int | None = Field(
-        default=None, ge=1, description="KV-cache bytes per token; omit to look the model up in the catalog."
+        default=None,
+        ge=1,
+        description="KV-cache bytes per token; overrides what config/configMap or the catalog says.",
+    )
+    config_map: ConfigMapKeySelector | None = Field(
+        default=None,
+        description="A ConfigMap holding the model's Hugging Face config.json (kubectl create configmap NAME "
+        "--from-file=config.json): the operator reads the KV-cache size, the weights and the fits-check from it, "
+        "for any model; a catalog model needs none.",
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="The model's config.json inline (its keys as in the file), instead of configMap.",
+        json_schema_extra=FREE_FORM,
     )
     token_secret: SecretKeySelector | None = Field(
         default=None, description="The Hugging Face token (HF_TOKEN) from a Secret key, for gated models."
     )
     cache: ModelCache | None = Field(
         default=None,
-        description="Volume for downloaded weights (HF_HOME); default: an emptyDir sized from the catalog's weights.",
+        description="Volume for downloaded weights (HF_HOME); default: an emptyDir sized from the model's weights.",
     )
+
+    @model_validator(mode="after")
+    def _one_config(self) -> ModelSpec:
+        if self.config is not None and self.config_map is not None:
+            raise ValueError(MODEL_CONFIG_ONE_SOURCE)
+        return self
 
 
 class EnvVarSource(_Model):
@@ -106,11 +141,26 @@ class LocalObjectReference(_Model):
 class EngineSpec(_Model):
     """The inference engine every worker pod runs."""
 
+    model_config = ConfigDict(json_schema_extra=cel(POOL_RULES["engine"]))
+
     kind: EngineKind = Field(
         default="vllm", description="vllm | sglang | emulator (xpyd's vLLM emulator, for GPU-less clusters)."
     )
-    image: str | None = Field(default=None, description="Container image; a default per kind when omitted.")
+    image: str | None = Field(
+        default=None, description="Container image; the newest release xpyd checked, per kind, when omitted."
+    )
+    version: str | None = Field(
+        default=None,
+        pattern=r"^v?[0-9]+\.[0-9]+\.[0-9]+$",
+        description="The engine release the image holds (e.g. 0.34.0) when its tag names none (a digest or a "
+        "custom tag); it picks the flags xpyd renders. Default: the image tag's version.",
+    )
     kv_connector: str = Field(default="NixlConnector", description="vLLM KV connector for the handoff.")
+    kv_transfer_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="vLLM only: extra keys of --kv-transfer-config (e.g. kv_buffer_device: cpu on CPU engines); "
+        "kv_connector and kv_role are the operator's.",
+    )
     args: list[str] = Field(default_factory=list, description="Extra engine arguments, appended.")
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for engine containers.")
     resources: dict[str, str] = Field(
@@ -126,9 +176,14 @@ class EngineSpec(_Model):
         default=None, pattern=QUANTITY, description="Size of /dev/shm; default 2Gi per GPU, at least 8Gi."
     )
 
+    @model_validator(mode="after")
+    def _check(self) -> EngineSpec:
+        check_engine(self.kind, self.kv_transfer_config)
+        return self
+
 
 class PoolAutoscaling(_Model):
-    model_config = ConfigDict(json_schema_extra=_cel(POOL_RULES["autoscaling"]))
+    model_config = ConfigDict(json_schema_extra=cel(POOL_RULES["autoscaling"]))
 
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(ge=1)
@@ -137,7 +192,7 @@ class PoolAutoscaling(_Model):
 class PoolSpec(_Model):
     """One pool of identical engine replicas: a StatefulSet, or a LeaderWorkerSet when a replica spans nodes."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(POOL_RULES["pool"]))
+    model_config = ConfigDict(json_schema_extra=cel(POOL_RULES["pool"]))
 
     replicas: int | None = Field(
         default=None, ge=0, description="Omit to leave replicas to an external scaler (HPA, KEDA, xpyd)."
@@ -219,19 +274,76 @@ class TopologySpec(_Model):
         return None if self.kind == ANY_TOPOLOGY else TOPOLOGIES[self.kind]
 
 
+class RouterServiceSpec(_Model):
+    """The router's Service: how clients outside the cluster (or a gateway inside) reach port 8000."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            [
+                {
+                    "rule": "!has(self.loadBalancerClass) || self.type == 'LoadBalancer'",
+                    "message": "router.service.loadBalancerClass needs type LoadBalancer",
+                },
+                {
+                    "rule": "!has(self.externalTrafficPolicy) || self.type != 'ClusterIP'",
+                    "message": "router.service.externalTrafficPolicy needs type NodePort or LoadBalancer",
+                },
+            ]
+        )
+    )
+
+    type: RouterServiceType = Field(
+        default="ClusterIP",
+        description="ClusterIP (in-cluster only: a Gateway, an Ingress or port-forward in front), NodePort, or "
+        "LoadBalancer (the cloud's load balancer; the cluster allocates the node port and address).",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations on the Service, e.g. a cloud load balancer's "
+        "(service.beta.kubernetes.io/aws-load-balancer-scheme: internal).",
+    )
+    load_balancer_class: str | None = Field(
+        default=None, min_length=1, max_length=316, description="type LoadBalancer: the load balancer implementation."
+    )
+    external_traffic_policy: Literal["Cluster", "Local"] | None = Field(
+        default=None,
+        description="NodePort or LoadBalancer: 'Local' keeps the client's address (only nodes running a router "
+        "answer); default the cluster's ('Cluster').",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterServiceSpec:
+        if self.load_balancer_class is not None and self.type != "LoadBalancer":
+            raise ValueError("router.service.loadBalancerClass needs type LoadBalancer")
+        if self.external_traffic_policy is not None and self.type == "ClusterIP":
+            raise ValueError("router.service.externalTrafficPolicy needs type NodePort or LoadBalancer")
+        return self
+
+
+class RouterTls(_Model):
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="A kubernetes.io/tls Secret in the deployment's namespace (tls.crt, tls.key, optional "
+        "ca.crt; e.g. cert-manager's): the router serves HTTPS with it and reloads it when it is renewed.",
+    )
+
+
 class RouterSpec(_Model):
     replicas: int = Field(default=1, ge=0)
     policy: RouterPolicy = "kv-aware"
     image: str | None = Field(default=None, description="Router image; the operator's default when omitted.")
     api_key_secret: SecretKeySelector | None = Field(
         default=None,
-        description="Clients must send this Secret key's value as `Authorization: Bearer <key>`; open when omitted.",
+        description="Clients must send `Authorization: Bearer <key>` with a key in this Secret key's value (one "
+        "key a line, so a rotation can overlap); mounted as a file, re-read within seconds of a change; open "
+        "when omitted.",
     )
     tokenizer: str = Field(
         default=AUTO_TOKENIZER,
         max_length=300,
         pattern=TOKENIZER_PATTERN,
-        json_schema_extra=_cel([{"rule": "!self.contains('..')", "message": "router.tokenizer may not contain '..'"}]),
+        json_schema_extra=cel([{"rule": "!self.contains('..')", "message": "router.tokenizer may not contain '..'"}]),
         description=(
             "How the router cuts prompts into the engines' KV blocks, so their KV-cache events feed its prefix "
             "index and every replica sees what each engine holds: 'auto' (the served model's tokenizer and chat "
@@ -253,6 +365,13 @@ class RouterSpec(_Model):
             "older vLLM (it reads the header and drops it), other tags and SGLang."
         ),
     )
+    service: RouterServiceSpec = Field(
+        default_factory=RouterServiceSpec, description="The router Service's type and annotations."
+    )
+    tls: RouterTls | None = Field(
+        default=None, description="Serve HTTPS on port 8000 with this certificate; plain HTTP when omitted."
+    )
+    log_level: RouterLogLevel = Field(default="WARNING", description="The router's log level (--log-level).")
 
     @field_validator("tokenizer")
     @classmethod
@@ -266,7 +385,7 @@ class RatioBand(_Model):
     """Allowed prefill:decode replica ratio; the autoscaler raises the lagging pool to stay inside."""
 
     model_config = ConfigDict(
-        json_schema_extra=_cel([{"rule": "self.min <= self.max", "message": "ratioBand.min must be <= ratioBand.max"}])
+        json_schema_extra=cel([{"rule": "self.min <= self.max", "message": "ratioBand.min must be <= ratioBand.max"}])
     )
 
     min: float = Field(gt=0, description="Lowest prefill/decode replica ratio.")
@@ -312,7 +431,7 @@ class AutoscalingTargets(_Model):
 
 class AutoscalingSpec(_Model):
     enabled: bool = False
-    prometheus_url: str = "http://prometheus.monitoring:9090"
+    prometheus_url: str = "http://prometheus-operated.monitoring:9090"  # the Prometheus Operator's Service
     interval_seconds: int = Field(default=15, ge=1)
     stabilization_seconds: int = Field(
         default=300, ge=0, description="Scale down only to the highest recommendation of this window."
@@ -328,6 +447,33 @@ class AutoscalingSpec(_Model):
         return float(self.stale_after_seconds or max(60, 4 * self.interval_seconds))
 
 
+SLO_PERCENTILES: Final = (90, 95, 99)
+
+
+class SloSpec(_Model):
+    """What the user asks of latency; set, it makes the autoscaler size both pools for it (the SLO policy)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            [{"rule": "self.percentile in [90, 95, 99]", "message": "slo.percentile must be 90, 95 or 99"}]
+        )
+    )
+
+    ttft_seconds: float = Field(gt=0, le=600, description="Time to first token at the percentile, in seconds.")
+    itl_seconds: float = Field(gt=0, le=10, description="Inter-token latency at the percentile, in seconds.")
+    percentile: int = Field(default=95, description="The percentile both targets hold at: 90, 95 or 99.")
+    attainment: float = Field(
+        default=0.99, gt=0, le=1, description="Share of requests that must meet both targets (default 0.99)."
+    )
+
+    @field_validator("percentile")
+    @classmethod
+    def _percentile(cls, v: int) -> int:
+        if v not in SLO_PERCENTILES:
+            raise ValueError(f"slo.percentile must be 90, 95 or 99, got {v}")
+        return v
+
+
 class WorkloadSpec(_Model):
     prompt_tokens: int = Field(
         default=4096, ge=1, description="Typical prompt length, for the disaggregation break-even check."
@@ -335,7 +481,7 @@ class WorkloadSpec(_Model):
 
 
 class DisaggregatedDeploymentSpec(_Model):
-    model_config = ConfigDict(json_schema_extra=_cel(SPEC_RULES))
+    model_config = ConfigDict(json_schema_extra=cel(SPEC_RULES))
 
     model: ModelSpec
     engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
@@ -347,6 +493,10 @@ class DisaggregatedDeploymentSpec(_Model):
     router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra={"default": {}})
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, json_schema_extra={"default": {}})
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, json_schema_extra={"default": {}})
+    slo: SloSpec | None = Field(
+        default=None,
+        description="Latency targets; set (with autoscaling enabled), the autoscaler sizes the pools to meet them.",
+    )
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list,
         description="Secrets (this namespace) for pulling engine and router images; added to the operator's own.",
@@ -355,6 +505,11 @@ class DisaggregatedDeploymentSpec(_Model):
         default=None, description="RDMA fabric of engine pods; default: the operator's --default-network, else None."
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, json_schema_extra={"default": {}})
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        json_schema_extra={"default": {}},
+        description="NetworkPolicies the operator generates for the deployment's pods (off unless enabled).",
+    )
     pod_template_patch: dict[str, Any] | None = template_patch_field("every engine")
 
     @model_validator(mode="after")
@@ -435,7 +590,7 @@ class DisaggregatedDeploymentStatus(_Model):
 class DisaggregatedDeployment(_Model):
     """The whole object as stored; metadata stays a plain mapping."""
 
-    model_config = ConfigDict(json_schema_extra=_cel(ROOT_RULES))
+    model_config = ConfigDict(json_schema_extra=cel(ROOT_RULES))
 
     api_version: str = "xpyd.io/v1alpha1"
     kind: str = "DisaggregatedDeployment"

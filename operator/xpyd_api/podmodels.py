@@ -1,5 +1,5 @@
 """The parts of the API that shape a real engine pod: Secret references, the model cache, the network
-profile, the user's scheduling and pod template patches (DESIGN.md section 12)."""
+profile, the user's scheduling and pod template patches (docs/configure.md)."""
 
 from __future__ import annotations
 

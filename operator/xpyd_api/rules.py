@@ -90,7 +90,23 @@ SPEC_RULES: Final[list[dict[str, str]]] = [
     ),
 ]
 
+# --kv-transfer-config keys the operator writes itself (the connector, the pool's role in the handoff).
+OWN_KV_TRANSFER_KEYS: Final = ("kv_connector", "kv_role")
 POOL_RULES: Final[dict[str, list[dict[str, str]]]] = {
+    "engine": [
+        _rule(
+            "self.kind != 'sglang' || !has(self.kvTransferConfig) || size(self.kvTransferConfig) == 0",
+            "kvTransferConfig is vLLM's --kv-transfer-config; SGLang's transfer flags go in engine.args",
+            ".kvTransferConfig",
+        ),
+        _rule(
+            "!has(self.kvTransferConfig) || "
+            + " && ".join(f"!('{k}' in self.kvTransferConfig)" for k in OWN_KV_TRANSFER_KEYS),
+            "kvTransferConfig may not set kv_connector or kv_role: the operator writes them (engine.kvConnector,"
+            " and each pool's role)",
+            ".kvTransferConfig",
+        ),
+    ],
     "autoscaling": [
         _rule(
             "self.minReplicas <= self.maxReplicas",
@@ -183,3 +199,14 @@ def check_spec(mode: str, topology: str, pool_gpus: dict[str, tuple[int, int]]) 
                 f"{pool}.gpusPerReplica ({gpus}) must be <= {limit} on {topology}: "
                 "a replica stays inside one NVLink domain (rack)"
             )
+
+
+def check_engine(kind: str, kv_transfer_config: dict[str, str]) -> None:
+    """Mirror of POOL_RULES["engine"]."""
+    if kind == "sglang" and kv_transfer_config:
+        raise SpecError("kvTransferConfig is vLLM's --kv-transfer-config; SGLang's transfer flags go in engine.args")
+    if own := [k for k in OWN_KV_TRANSFER_KEYS if k in kv_transfer_config]:
+        raise SpecError(
+            f"kvTransferConfig may not set {', '.join(own)}: the operator writes them (engine.kvConnector, and"
+            " each pool's role)"
+        )

@@ -23,6 +23,7 @@ from lightkube.types import PatchType
 from pydantic import ValidationError
 
 from xpyd_api import labels
+from xpyd_api.engines import METRICS
 from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 
 from .autoscaling_metrics import AutoscalerMetrics, default_metrics
@@ -78,7 +79,8 @@ async def autoscale(
         return None
     answer: Mapping[str, PoolMetrics] | PrometheusError
     try:
-        answer = await prometheus.observe(ns, name, list(runtimes), stale_after=spec.autoscaling.stale_after())
+        stale, names = spec.autoscaling.stale_after(), METRICS[spec.engine.kind]
+        answer = await prometheus.observe(ns, name, list(runtimes), stale_after=stale, metrics=names)
     except PrometheusError as exc:
         answer = exc
     status = DisaggregatedDeploymentStatus.read(obj.get("status"))

@@ -45,6 +45,15 @@ class AutoscalerMetrics:
             ["namespace", "deployment"],
             registry=registry,
         )
+        # what the SLO policy has learnt, per pool
+        self.slo_correction, self.slo_predicted, self.ready_seconds = (
+            Gauge(name, text, labels, registry=registry)
+            for name, text in (
+                (names.AUTOSCALER_SLO_CORRECTION, "The SLO policy's model correction (observed / predicted latency)"),
+                (names.AUTOSCALER_SLO_PREDICTED, "The SLO attainment the SLO policy predicts for its last decision"),
+                (names.AUTOSCALER_READY_SECONDS, "Measured seconds from a scale-up to its replicas Ready"),
+            )
+        )
         self.scale_events = Counter(
             names.AUTOSCALER_SCALE_EVENTS,
             "Changes of a pool's size made by the autoscaler",
@@ -63,6 +72,15 @@ class AutoscalerMetrics:
         self.healthy.labels(namespace, deployment).set(1 if decision.healthy else 0)
         for role, d in decision.pools.items():
             self._pool(namespace, deployment, role, d, current.get(role, 0), ready.get(role, 0))
+            st = decision.state.get(role)
+            learnt = (
+                (self.slo_correction, st.correction if st else None),
+                (self.slo_predicted, st.predicted if st else None),
+                (self.ready_seconds, st.ready_seconds if st else None),
+            )
+            for gauge, value in learnt:
+                if value is not None:
+                    gauge.labels(namespace, deployment, role).set(value)
 
     def _pool(self, ns: str, dep: str, role: str, d: PoolDecision, current: int, ready: int) -> None:
         self.desired.labels(ns, dep, role).set(d.desired)

@@ -140,7 +140,7 @@ class XpydPolicy:
     def _decide_pool(
         self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, now: float
     ) -> tuple[PoolDecision, PoolState]:
-        b, t, beh = inputs.bounds[role], inputs.targets, inputs.behavior
+        b, beh = inputs.bounds[role], inputs.behavior
         n = obs.replicas
         window = beh.stabilization_seconds
         if st.last_desired is not None and st.last_desired != n:
@@ -151,10 +151,7 @@ class XpydPolicy:
             st = replace(st, fresh_since=None)
             return self._bounded(b, n, n, "no-data", "metrics missing or stale: holding"), st
         complete = required_present(role, obs) and (obs.reporting is None or obs.reporting >= obs.ready)
-        st = replace(st, capacity=learn_capacity(role, obs, st.capacity))
-        if t.prefill_tokens_per_second_per_replica is None and st.capacity:
-            t = t.model_copy(update={"prefill_tokens_per_second_per_replica": st.capacity})
-        rec, why = recommend(role, obs, t)
+        rec, why, st = self._recommend(role, obs, inputs, st, now)
         if not complete:
             rec, why = max(rec, n), f"{why}; metrics partial: no scale-down"
         rec = b.clamp(rec)
@@ -164,7 +161,7 @@ class XpydPolicy:
             if obs.unschedulable > 0:
                 msg = f"{obs.unschedulable} pods Pending for lack of GPUs: not growing ({why})"
                 return self._bounded(b, n, n, "pending-pods", msg), st
-            if not direction_change_allowed(st, +1, now, window) and not slo_breached(role, obs, t):
+            if not direction_change_allowed(st, +1, now, window) and not self._breached(role, obs, inputs):
                 return self._bounded(b, n, n, "flap-guard", f"recently turned down: holding ({why})"), st
             step = max(beh.scale_up_max_step, n)
             return self._bounded(b, n, min(rec, n + step), "scale-up", why), st
@@ -172,9 +169,28 @@ class XpydPolicy:
             return self._down(b, n, st, why, now, beh), st
         return self._bounded(b, n, n, "hold", why), st
 
+    def _recommend(
+        self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, now: float
+    ) -> tuple[int, str, PoolState]:
+        """The raw size the load asks for, its reason, and the state with what was learnt (the policies' seam)."""
+        t = inputs.targets
+        st = replace(st, capacity=learn_capacity(role, obs, st.capacity))
+        if t.prefill_tokens_per_second_per_replica is None and st.capacity:
+            t = t.model_copy(update={"prefill_tokens_per_second_per_replica": st.capacity})
+        rec, why = recommend(role, obs, t)
+        return rec, why, st
+
+    def _settle_seconds(self, beh: Behavior) -> float:
+        """Unbroken fresh data needed before a first scale-down (a whole window: thresholds need history)."""
+        return beh.stabilization_seconds
+
+    def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
+        """Whether latency is over target now (growth then skips the flap guard)."""
+        return slo_breached(role, obs, inputs.targets)
+
     def _down(self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior) -> PoolDecision:
         window, cool = beh.stabilization_seconds, beh.scale_down_cooldown_seconds
-        if st.fresh_since is None or now - st.fresh_since < window:
+        if st.fresh_since is None or now - st.fresh_since < self._settle_seconds(beh):
             return self._bounded(b, n, n, "stabilizing", f"{why}; waiting for a full window of data")
         target = window_max(st.recommendations)
         if target >= n:
@@ -209,7 +225,13 @@ class StaticPolicy:
 
 
 # The product's policies by name; benchmarks register their peers' rules (bench/baselines) beside them.
-AUTOSCALERS: dict[str, Callable[[], Policy]] = {"xpyd": XpydPolicy, "off": StaticPolicy}
+def _slo_policy() -> Policy:
+    from .autoscaling_slo import SloPolicy  # it builds on XpydPolicy, so it is imported when asked for
+
+    return SloPolicy()
+
+
+AUTOSCALERS: dict[str, Callable[[], Policy]] = {"xpyd": XpydPolicy, "off": StaticPolicy, "slo": _slo_policy}
 
 
 def make_policy(name: str) -> Policy:

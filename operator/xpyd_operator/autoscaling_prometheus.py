@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from xpyd_api.engines import VLLM_METRICS, MetricNames
+
 from .autoscaling_promql import ROLE_LABEL, pool_queries
 from .autoscaling_types import PoolMetrics, PrometheusError
 
@@ -75,9 +77,11 @@ class PrometheusClient:
         stale_after: float = 60.0,
         rate_window: str = "1m",
         at: float | None = None,
+        metrics: MetricNames = VLLM_METRICS,
     ) -> dict[str, PoolMetrics]:
-        """Every pool's metrics, from concurrent instant queries scoped to the deployment's pods."""
-        queries = pool_queries(namespace, deployment, stale_after, rate_window)
+        """Every pool's metrics, from concurrent instant queries scoped to the deployment's pods, in the
+        metric names of its engine."""
+        queries = pool_queries(namespace, deployment, stale_after, rate_window, metrics)
         answers = await asyncio.gather(*(self.query(q, at) for q in queries.values()))
         per_role: dict[str, dict[str, Any]] = {r: {} for r in roles}
         for field, samples in zip(queries, answers, strict=True):

@@ -18,7 +18,7 @@ from typing import Final
 
 from xpyd_api import labels
 from xpyd_api import metric_names as names
-from xpyd_api.metric_names import ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING
+from xpyd_api.engines import VLLM_METRICS, MetricNames
 
 NAMESPACE_LABEL: Final = names.NAMESPACE_LABEL
 POD_LABEL: Final = names.POD_LABEL
@@ -84,19 +84,37 @@ def _fresh(metric: str, sel: str, stale_after: float) -> str:
     return f"({metric}{{{sel}}} and (time() - timestamp({metric}{{{sel}}})) <= {stale_after:g})"
 
 
-def pool_queries(namespace: str, deployment: str, stale_after: float, window: str = "1m") -> dict[str, str]:
-    """One instant query per observation field, each answering one value per ``xpyd_role``."""
+def pool_queries(
+    namespace: str, deployment: str, stale_after: float, window: str = "1m", metrics: MetricNames = VLLM_METRICS
+) -> dict[str, str]:
+    """One instant query per observation field, each answering one value per ``xpyd_role``, in the names of
+    the deployment's engine (``xpyd_api.engines.METRICS``)."""
     sel = selector(namespace, deployment)
     by = f"by ({ROLE_LABEL})"
     by_le = f"by ({ROLE_LABEL}, le)"
+    waiting, running, usage = metrics.waiting, metrics.running, metrics.kv_usage[0]
     return {
-        "waiting": f"sum {by} {_fresh(WAITING, sel, stale_after)}",
-        "running": f"sum {by} {_fresh(RUNNING, sel, stale_after)}",
-        "kv_usage": f"avg {by} {_fresh(KV_USAGE, sel, stale_after)}",
+        "waiting": f"sum {by} {_fresh(waiting, sel, stale_after)}",
+        "running": f"sum {by} {_fresh(running, sel, stale_after)}",
+        "kv_usage": f"avg {by} {_fresh(usage, sel, stale_after)}",
         # pods (replicas; a multi-node group's leader), not series: a data-parallel engine has one per rank
-        "reporting": f"count {by} (count by ({ROLE_LABEL}, {POD_LABEL}) {_fresh(WAITING, sel, stale_after)})",
-        "sampled_at": f"max {by} (timestamp({WAITING}{{{sel}}}))",
-        "ttft_p90": f"histogram_quantile(0.9, sum {by_le} (rate({TTFT}_bucket{{{sel}}}[{window}])))",
-        "itl_p90": f"histogram_quantile(0.9, sum {by_le} (rate({ITL}_bucket{{{sel}}}[{window}])))",
-        "prompt_tokens_rate": f"sum {by} (rate({PROMPT_TOKENS}{{{sel}}}[{window}]))",
+        "reporting": f"count {by} (count by ({ROLE_LABEL}, {POD_LABEL}) {_fresh(waiting, sel, stale_after)})",
+        "sampled_at": f"max {by} (timestamp({waiting}{{{sel}}}))",
+        "ttft_p90": f"histogram_quantile(0.9, sum {by_le} (rate({metrics.ttft}_bucket{{{sel}}}[{window}])))",
+        "itl_p90": f"histogram_quantile(0.9, sum {by_le} (rate({metrics.itl}_bucket{{{sel}}}[{window}])))",
+        "prompt_tokens_rate": f"sum {by} (rate({metrics.prompt_tokens}{{{sel}}}[{window}]))",
+        # the SLO policy's: output tokens/s, requests/s through the pool, the prefix cache's hit ratio
+        "generation_tokens_rate": f"sum {by} (rate({metrics.generation_tokens}{{{sel}}}[{window}]))",
+        "request_rate": f"sum {by} (rate({metrics.ttft}_count{{{sel}}}[{window}]))",
+        **({"prefix_hit_ratio": hit} if (hit := _hit_ratio(metrics, sel, by, window)) else {}),
     }
+
+
+def _hit_ratio(metrics: MetricNames, sel: str, by: str, window: str) -> str | None:
+    """The prefix cache's hit ratio: hits / queries (vLLM), else the engine's own 0-1 gauge (SGLang)."""
+    if metrics.prefix_hits and metrics.prefix_queries:
+        hits = f"sum {by} (rate({metrics.prefix_hits}{{{sel}}}[{window}]))"
+        return f"{hits} / sum {by} (rate({metrics.prefix_queries}{{{sel}}}[{window}]))"
+    if metrics.cache_hit_rate:
+        return f"avg {by} ({metrics.cache_hit_rate}{{{sel}}})"
+    return None

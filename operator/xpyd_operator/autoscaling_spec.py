@@ -15,6 +15,8 @@ from xpyd_api import labels
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 
 from .autoscaling_policy import XpydPolicy
+from .autoscaling_slo import SloPolicy
+from .autoscaling_slomodel import replica_perfs
 from .autoscaling_types import (
     Behavior,
     Decision,
@@ -97,7 +99,13 @@ def policy_inputs(
         for role, rt in ((r, runtimes[r]) for r in bounds)
     }
     targets = Targets.model_validate(scaling.targets.model_dump())
-    return PolicyInputs(pools, bounds, targets, Behavior.of(scaling), scaling.ratio_band, free_gpus)
+    perf = replica_perfs(spec) if spec.slo is not None else {}
+    return PolicyInputs(pools, bounds, targets, Behavior.of(scaling), scaling.ratio_band, free_gpus, spec.slo, perf)
+
+
+def policy_for(spec: DisaggregatedDeploymentSpec) -> Policy:
+    """The policy a spec asks for: the SLO policy when spec.slo is set, else the threshold policy."""
+    return SloPolicy() if spec.slo is not None else XpydPolicy()
 
 
 def history(status: DisaggregatedDeploymentStatus) -> dict[str, PoolState]:
@@ -125,6 +133,11 @@ def status_patch(
             "message": d.message[:500],
             "lastScaleTime": C.rfc3339(last) if last is not None else None,
         }
+        learnt = decision.state.get(role)
+        if learnt is not None and learnt.correction is not None:  # the SLO policy: what it has learnt so far
+            autoscaler[role]["sloCorrection"] = round(learnt.correction, 3)
+            autoscaler[role]["predictedAttainment"] = learnt.predicted
+            autoscaler[role]["readySeconds"] = None if learnt.ready_seconds is None else round(learnt.ready_seconds)
     autoscaler["history"] = state_to_dict(decision.state)
     autoscaler["lastEvaluationTime"] = C.rfc3339(now)
     if error is not None:
@@ -150,6 +163,6 @@ def evaluate(
     error = metrics if isinstance(metrics, PrometheusError) else None
     observed = None if isinstance(metrics, PrometheusError) else metrics
     inputs = policy_inputs(spec, runtimes, observed, free_gpus)
-    decision = (policy or XpydPolicy()).decide(inputs, history(status), now)
+    decision = (policy or policy_for(spec)).decide(inputs, history(status), now)
     auto, cond = status_patch(status, decision, runtimes, error, now, generation)
     return AutoscaleResult({r: d.desired for r, d in decision.pools.items()}, auto, cond, decision)

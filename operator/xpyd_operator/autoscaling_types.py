@@ -13,7 +13,9 @@ from typing import Any, Final, Protocol
 
 from pydantic import Field
 
-from xpyd_api.models import AutoscalingSpec, AutoscalingTargets, RatioBand
+from xpyd_api.models import AutoscalingSpec, AutoscalingTargets, RatioBand, SloSpec
+
+from .autoscaling_slomodel import ReplicaPerf
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -45,6 +47,10 @@ class PoolMetrics:
     prompt_tokens_rate: float | None = None  # sum of rate(vllm:prompt_tokens_total), tokens/s
     reporting: int | None = None
     sampled_at: float | None = None
+    # what the SLO policy reads beside the above (None: not scraped)
+    generation_tokens_rate: float | None = None  # sum of rate(vllm:generation_tokens_total), tokens/s
+    request_rate: float | None = None  # requests/s finishing prefill (rate of the prompt-length histogram count)
+    prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the interval, 0..1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +125,8 @@ class PolicyInputs:
     behavior: Behavior = field(default_factory=Behavior)
     ratio_band: RatioBand | None = None  # prefill:decode replicas
     free_gpus: int | None = None  # rack-scale systems: GPUs still free in the rack, a hard ceiling on growth
+    slo: SloSpec | None = None  # spec.slo: the SLO policy's targets
+    perf: Mapping[str, ReplicaPerf] = field(default_factory=dict)  # per pool: the performance model's replica
 
     def __post_init__(self) -> None:
         missing = set(self.pools) - set(self.bounds)
@@ -138,6 +146,13 @@ class PoolState:
     last_scale_down_time: float | None = None
     last_direction: int = 0  # +1 up, -1 down, 0 never moved
     last_direction_change_time: float | None = None
+    # the SLO policy's learning: its model's correction, the replica's measured time to Ready, the
+    # predicted attainment of its last decision, and the demand seen lately (for ramps)
+    correction: float | None = None
+    ready_seconds: float | None = None
+    pending_since: float | None = None  # when the pool last asked for more replicas than were Ready
+    predicted: float | None = None
+    demand: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +164,11 @@ class PoolState:
             "lastScaleDownTime": self.last_scale_down_time,
             "lastDirection": self.last_direction,
             "lastDirectionChangeTime": self.last_direction_change_time,
+            "correction": self.correction,
+            "readySeconds": self.ready_seconds,
+            "pendingSince": self.pending_since,
+            "predicted": self.predicted,
+            "demand": [[t, v] for t, v in self.demand],
         }
 
     @classmethod
@@ -165,6 +185,11 @@ class PoolState:
                 last_scale_down_time=_opt_float(data.get("lastScaleDownTime")),
                 last_direction=int(data.get("lastDirection") or 0),
                 last_direction_change_time=_opt_float(data.get("lastDirectionChangeTime")),
+                correction=_opt_float(data.get("correction")),
+                ready_seconds=_opt_float(data.get("readySeconds")),
+                pending_since=_opt_float(data.get("pendingSince")),
+                predicted=_opt_float(data.get("predicted")),
+                demand=tuple((float(t), float(v)) for t, v in data.get("demand") or ()),
             )
         except (TypeError, ValueError):
             return cls()

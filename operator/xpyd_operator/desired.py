@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xpyd_api import handoff, podpatch
 from xpyd_api import labels as L
-from xpyd_api import podpatch
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_api.podmodels import NetworkSpec
-from xpyd_operator import engine, engine_ranks, groups, podsecurity, pools, rollout, routerkit, sizing
+from xpyd_operator import engines, groups, netpolicy, podsecurity, pools, rollout, routerkit, sizing
 from xpyd_operator.autoscaling_spec import managed_pools
 from xpyd_operator.meta import Owner, stamp
 from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
@@ -74,22 +74,34 @@ def current_pins(observed: Observed, owner: Owner, roles: list[str]) -> dict[str
     return pins
 
 
-def check_model(spec: DisaggregatedDeploymentSpec) -> None:
-    from xpyd_perf import UnknownModelError, resolve_model
+MODEL_CONFIG_HINT = (
+    "to serve a model outside the catalog give its Hugging Face config.json: "
+    "kubectl -n <namespace> create configmap <name> --from-file=config.json and spec.model.configMap.name: <name> "
+    "(or the keys inline in spec.model.config), or set spec.model.kvBytesPerToken"
+)
 
-    if spec.model.kv_bytes_per_token is not None:
+
+def check_model(spec: DisaggregatedDeploymentSpec) -> None:
+    """The model's shape is known: from its config.json (readable), from the catalog, or kvBytesPerToken."""
+    from xpyd_perf import ModelConfigError, UnknownModelError, resolve_model
+
+    if spec.model.config_map is not None and spec.model.config is None:  # the reconciler reads it in first
+        raise InputError("ModelConfigInvalid", f"{sizing.config_source(spec)} was not read")
+    try:
+        known = sizing.declared_model(spec)
+    except ModelConfigError as exc:
+        raise InputError("ModelConfigInvalid", f"{sizing.config_source(spec)}: {exc}") from None
+    if known is not None or spec.model.kv_bytes_per_token is not None:
         return
     try:
         resolve_model(spec.model.name)
     except UnknownModelError as exc:
-        raise InputError(
-            "UnknownModel", f"{exc}; set spec.model.kvBytesPerToken to serve a model outside the catalog"
-        ) from None
+        raise InputError("UnknownModel", f"{exc}; {MODEL_CONFIG_HINT}") from None
 
 
 def check_groups(spec: DisaggregatedDeploymentSpec, observed: Observed) -> None:
-    """A pool whose replica spans nodes needs the LeaderWorkerSet API, and vLLM's tensor parallel across
-    nodes an engine that has it without Ray (v0.11.1+)."""
+    """A pool whose replica spans nodes needs the LeaderWorkerSet API, and tensor parallel across nodes an
+    engine release that has it without Ray (the profile's multi_node_tp: vLLM v0.11.1+)."""
     layouts = spec.layouts()
     wide = [f"{role} ({layout.describe()})" for role, layout in layouts.items() if layout.multi_node]
     if wide and not observed.lws_crd:
@@ -98,11 +110,31 @@ def check_groups(spec: DisaggregatedDeploymentSpec, observed: Observed) -> None:
             f"{', '.join(wide)} spans nodes and runs as a LeaderWorkerSet, whose API "
             f"({groups.CRD}) is not installed; {groups.INSTALL_HINT}",
         )
-    if spec.engine.kind == "vllm":
-        image = spec.engine.image or engine.DEFAULT_IMAGES["vllm"]
+    profile = engines.profile_of(spec)
+    if not profile.multi_node_tp:
         for role, layout in layouts.items():
-            if (why := engine_ranks.vllm_too_old_for_tp_across_nodes(image, layout)) is not None:
-                raise InputError("EngineTooOld", f"{role} ({layout.describe()}): {why}")
+            if layout.multi_node and layout.dp == 1:
+                raise InputError(
+                    "EngineTooOld",
+                    f"{role} ({layout.describe()}): {profile.kind} {profile.version_text} runs tensor/pipeline "
+                    "parallel across nodes only with Ray; set spec.engine.image to "
+                    f"{engines.default_image(profile.kind)} (or spec.engine.version), or use data parallel "
+                    "(dataParallelSize) across the nodes",
+                )
+
+
+def check_engine(spec: DisaggregatedDeploymentSpec) -> None:
+    """Refuse an engine kind or release the seam has no profile for (never a silent fallback to another)."""
+    try:
+        engines.profile_of(spec)
+    except engines.EngineUnsupported as exc:
+        raise InputError("EngineUnsupported", str(exc)) from None
+
+
+def check_handoff(spec: DisaggregatedDeploymentSpec) -> None:
+    """Refuse prefill and decode pools that cannot hand KV over (xpyd_api.handoff): they would never be paired."""
+    if (problem := handoff.check(spec)) is not None:
+        raise InputError(handoff.REASON, problem)
 
 
 def check_fit(spec: DisaggregatedDeploymentSpec) -> None:
@@ -120,6 +152,12 @@ def with_defaults(spec: DisaggregatedDeploymentSpec, network: NetworkSpec | None
     return spec.model_copy(update={"network": network})
 
 
+def with_model_config(spec: DisaggregatedDeploymentSpec, config: dict[str, Any]) -> DisaggregatedDeploymentSpec:
+    """The spec with the model's config.json read in (what spec.model.configMap holds) as spec.model.config;
+    spec.model.configMap stays, so messages name the ConfigMap."""
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"config": config})})
+
+
 def patched(workload: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, Any]:
     """A pool's workload with spec.podTemplatePatch, then the pool's own, applied to each pod template."""
     for template in groups.templates(workload):
@@ -129,7 +167,7 @@ def patched(workload: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: P
                 merged = podpatch.merge(merged, patch)
         engine = next(c for c in merged["spec"]["containers"] if c["name"] == podpatch.ENGINE_CONTAINER)
         merged["metadata"]["labels"][L.ENGINE_REV] = rollout.engine_rev(
-            engine.get("image", ""), spec.engine.kv_connector
+            engine.get("image", ""), spec.engine.kv_connector, handoff.pool_facts(spec, pool)
         )
         template.clear()
         template.update(merged)
@@ -199,9 +237,10 @@ def build_children(
         out.append(pools.workload(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
     if (router_budget := routerkit.disruption_budget(owner, spec)) is not None:
         out.append(router_budget)
-    out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner)]
+    out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner, spec)]
     secrets = podsecurity.pull_secret_names(pull_secrets, spec)
     out = [podsecurity.with_pull_secrets(m, secrets) for m in out]
+    out += netpolicy.policies(owner, spec)  # none unless spec.networkPolicy.enabled
     # Pod template patches come last, after every generated field (pull secrets included).
     engines = {(m["kind"], m["metadata"]["name"]): m for m in out}
     for role, pool in pool_specs.items():
@@ -220,10 +259,12 @@ def desire(
 ) -> Desired:
     """Placement and children, or the input error that leaves the running children untouched."""
     try:
+        check_engine(spec)
         check_model(spec)
         check_fit(spec)
         check_groups(spec, observed)
         placement = placement_for(spec, observed, owner)
+        check_handoff(spec)
     except InputError as exc:
         return Desired(None, [], (exc.reason, exc.message))
     cd_crd = observed.compute_domain_crd

@@ -1,6 +1,6 @@
 """Multi-node pools as LeaderWorkerSets: one group of pods per replica, recreated whole when a rank fails.
 
-A replica larger than one node runs as a LeaderWorkerSet group (DESIGN.md section 11): `size` pods,
+A replica larger than one node runs as a LeaderWorkerSet group (docs/architecture.md, multi-node): `size` pods,
 one per node, the leader serving the API; `replicas` counts groups, so every scaler (ours, HPA
 through the scale subresource) adds or removes whole groups. `RecreateGroupOnPodRestart` restarts
 the whole group when one rank restarts, as the engines need (a collective cannot lose a member).

@@ -15,7 +15,8 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
-from lightkube.resources.core_v1 import Event, Node, Pod, Service, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Service, ServiceAccount
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
@@ -41,6 +42,7 @@ KINDS: dict[str, Any] = {
     "Role": Role,
     "RoleBinding": RoleBinding,
     "ComputeDomain": ComputeDomain,
+    "NetworkPolicy": NetworkPolicy,
     groups.KIND: LeaderWorkerSet,
 }
 _CRD_TTL = 60.0
@@ -115,6 +117,20 @@ class Kube:
             if exc.status.code == 404:
                 return None
             raise
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's data (spec.model.configMap: the model's config.json); None when there is none.
+
+        PermissionError when the operator may not read it (the chart grants get on configmaps)."""
+        try:
+            found = as_dict(await self.client.get(ConfigMap, name, namespace=namespace))
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            if exc.status.code == 403:
+                raise PermissionError(exc.status.message or "forbidden") from None
+            raise
+        return {str(k): str(v) for k, v in (found.get("data") or {}).items()}
 
     async def list_dds(self, namespace: str) -> list[dict[str, Any]]:
         return [as_dict(o) async for o in self.client.list(DD, namespace=namespace)]

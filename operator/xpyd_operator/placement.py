@@ -1,4 +1,4 @@
-"""Where the pools go (DESIGN.md section 4): a pure function of the observed nodes, pods and reservations."""
+"""Where the pools go (docs/architecture.md, Reconcile): a pure function of observed nodes, pods and reservations."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a real vLLM or SGLang pod needs beyond its command line (DESIGN.md section 12, REFERENCES.md).
+"""What a real vLLM or SGLang pod needs beyond its command line (docs/configure.md, "Running on a real cluster").
 
 `dress` adds to an engine pod template: a /dev/shm sized from the pool's GPUs, the Hugging Face
 token from its Secret, the model cache volume with HF_HOME, the network profile's device
@@ -16,22 +16,11 @@ from xpyd_api import fabrics
 from xpyd_api import labels as L
 from xpyd_api.fabrics import FabricParts
 from xpyd_api.models import HF_TOKEN, DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_operator import engine, podsecurity, sizing
+from xpyd_operator import engine, engines, podsecurity, sizing
 
 SHM_VOLUME: Final = "dshm"  # the name pools.py gives the memory-backed /dev/shm
 CACHE_VOLUME: Final = "model-cache"
 ARM64_TOLERATION: Final = {"key": L.ARCH, "operator": "Equal", "value": "arm64", "effect": "NoSchedule"}
-# Wide expert parallelism in vLLM (llm-d wide-ep-lws, Dynamo's GB200 recipe): DeepGEMM kernels,
-# balanced dummy batches on idle data-parallel ranks, no peer-to-peer probe at start.
-VLLM_EXPERT_PARALLEL_ENV: Final = (
-    ("VLLM_USE_DEEP_GEMM", "1"),
-    ("VLLM_RANDOMIZE_DP_DUMMY_INPUTS", "1"),
-    ("VLLM_SKIP_P2P_CHECK", "1"),
-)
-# vLLM v0.11's MoE all-to-all kernel for wide expert parallel, by role (llm-d wide-ep, REFERENCES.md (b)):
-# DeepEP's throughput kernels for prefill's large batches, its low-latency kernels for decode.
-VLLM_ALL2ALL_ENV: Final = "VLLM_ALL2ALL_BACKEND"
-VLLM_ALL2ALL: Final = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
 # A replica whose ranks span pods bootstraps NCCL, Gloo and NVSHMEM over the pod's own interface
 # (llm-d wide-ep-lws, SGLang's LWS example, Dynamo's GB200 recipe).
 MULTI_NODE_ENV: Final = (
@@ -65,7 +54,7 @@ def _cache(spec: DisaggregatedDeploymentSpec) -> tuple[dict[str, Any], dict[str,
     """(volume, mount, mount path) of the model cache; engines that download get an emptyDir by default."""
     cache = spec.model.cache
     if cache is None:
-        if spec.engine.kind in podsecurity.OWN_IMAGE_ENGINES:
+        if podsecurity.own_image_engine(spec):
             return None  # the emulator downloads nothing
         size = sizing.cache_size(spec)
         source: dict[str, Any] = {"emptyDir": {"sizeLimit": size} if size else {}}
@@ -102,10 +91,7 @@ def env_pairs(
     topology = spec.topology.hardware
     if mnnvl and topology is not None:
         pairs += list(topology.mnnvl_env)
-    if pool.expert_parallel and spec.engine.kind != "sglang":
-        pairs += list(VLLM_EXPERT_PARALLEL_ENV)
-        if role in VLLM_ALL2ALL:
-            pairs.append((VLLM_ALL2ALL_ENV, VLLM_ALL2ALL[role]))
+    pairs += engines.renderer(spec.engine.kind).env(spec, role, pool, engines.profile_of(spec))
     if pool.layout(topology).multi_node:
         pairs += list(MULTI_NODE_ENV)
         if pool.expert_parallel and not mnnvl:

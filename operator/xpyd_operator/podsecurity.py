@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from xpyd_api.models import DisaggregatedDeploymentSpec
+from xpyd_operator import engines
 
 RUN_AS: Final = 65532  # the xpyd image's numeric user and group (Dockerfile `USER 65532:65532`)
 TMP_VOLUME: Final = "tmp"
@@ -29,7 +30,11 @@ FABRIC_CAPABILITIES: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 # Engines that run the xpyd image (a known non-root user, nothing written outside /tmp) meet the
 # `restricted` level; vLLM's and SGLang's images run as root and write under $HOME, so their pods
 # keep the user and filesystem the image chose and drop everything else (`baseline`).
-OWN_IMAGE_ENGINES: Final = frozenset({"emulator"})
+
+
+def own_image_engine(spec: DisaggregatedDeploymentSpec) -> bool:
+    """Whether the engine pods run the operator's own image (the emulator), as the engine seam says."""
+    return engines.renderer(spec.engine.kind).own_image()
 
 
 def restricted_pod_context() -> dict[str, Any]:
@@ -72,7 +77,7 @@ def fabric_capabilities(resources: Iterable[str]) -> list[str]:
 
 def engine_pod_context(spec: DisaggregatedDeploymentSpec) -> dict[str, Any]:
     """Pod-level context of an engine pod: RuntimeDefault seccomp always, a non-root user on our image."""
-    if spec.engine.kind in OWN_IMAGE_ENGINES:
+    if own_image_engine(spec):
         return restricted_pod_context()
     return {"seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -81,7 +86,7 @@ def engine_container_context(spec: DisaggregatedDeploymentSpec, resources: Mappi
     """Container-level context of an engine: no privilege escalation, every capability dropped but the
     ones its fabric's device resources need (IPC_LOCK for RDMA), read-only root on our image."""
     context = restricted_container_context()
-    if spec.engine.kind not in OWN_IMAGE_ENGINES:
+    if not own_image_engine(spec):
         del context["readOnlyRootFilesystem"]
     add = fabric_capabilities(resources)
     if add:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpyd_api import handoff
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator import engine, groups, podneeds, podsecurity, rollout, routerkit
@@ -42,7 +43,8 @@ def pod_template(
     if clique is not None:
         pod_labels[L.NVLINK_DOMAIN_LABEL] = clique
     main = engine.container(spec, owner.name, role, pool, clique, own_image, rank)
-    pod_labels[L.ENGINE_REV] = rollout.engine_rev(main["image"], spec.engine.kv_connector)
+    facts = handoff.pool_facts(spec, pool)
+    pod_labels[L.ENGINE_REV] = rollout.engine_rev(main["image"], spec.engine.kv_connector, facts)
     main["securityContext"] = podsecurity.engine_container_context(spec, main["resources"].get("requests", {}))
     pod: dict[str, Any] = {
         "containers": [main],
@@ -75,9 +77,10 @@ def pod_template(
         "prometheus.io/path": "/metrics",
     }
     layout = pool.layout(spec.topology.hardware)
-    if layout.dp > 1 and routerkit.rank_routing(spec, main["image"]):  # the router routes to each rank
+    if layout.dp > 1:  # the router reads every rank's KV events, and routes to each rank or lets the engine
         annotations[L.DATA_PARALLEL_SIZE] = str(layout.dp)
         annotations[L.DATA_PARALLEL_LOCAL] = str(layout.dp_local)
+        annotations[L.DATA_PARALLEL_ROUTING] = "ranks" if routerkit.rank_routing(spec) else "engine"
     out = {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
     return podneeds.dress(out, spec, pool, compute_domain and clique is not None)
 

@@ -22,9 +22,10 @@ from xpyd_operator.desired import (
     needs_apply,
     obsolete,
     with_defaults,
+    with_model_config,
 )
 from xpyd_operator.meta import Owner, child_name, default_own_image
-from xpyd_perf import Topology
+from xpyd_perf import ModelConfigError, Topology, parse_json
 
 log = logging.getLogger("xpyd.operator")
 _EVENT_TYPES = (C.READY, C.TOPOLOGY_SATISFIED, C.DISAGGREGATION_WORTHWHILE, C.COMPUTE_DOMAIN)
@@ -34,6 +35,7 @@ class KubeApi(Protocol):
     """What the reconciler needs from the API server (kube.Kube in production, a fake in tests)."""
 
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, str] | None: ...
     async def observe(self, owner: Owner, topology: Topology | None) -> Observed: ...
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]: ...
     async def delete(self, kind: str, name: str, namespace: str) -> None: ...
@@ -104,11 +106,40 @@ class Reconciler:
         except ValidationError as exc:
             return await self._invalid(owner, generation, old, exc)
         spec = with_defaults(autoscaled(spec, old.autoscaler), self.config.default_network)
+        spec, problem = await self._model_config(owner, spec)
         topology = spec.topology.hardware
         if topology is not None and topology.nvlink_domain == "clique":
             async with self.placement_lock:
-                return await self._converge(owner, generation, spec, old)
-        return await self._converge(owner, generation, spec, old)
+                return await self._converge(owner, generation, spec, old, problem)
+        return await self._converge(owner, generation, spec, old, problem)
+
+    async def _model_config(
+        self, owner: Owner, spec: DisaggregatedDeploymentSpec
+    ) -> tuple[DisaggregatedDeploymentSpec, tuple[str, str] | None]:
+        """The spec with spec.model.configMap's config.json read in, or the reason it cannot be (re-read on every
+        reconcile: the operator does not watch ConfigMaps, so an edit counts from the next event or resync)."""
+        ref = spec.model.config_map
+        if ref is None:
+            return spec, None
+        where = f"ConfigMap {owner.namespace}/{ref.name}"
+        try:
+            data = await self.kube.get_config_map(owner.namespace, ref.name)
+        except PermissionError as exc:
+            return spec, (
+                "ModelConfigInvalid",
+                f"{where}: cannot read it ({exc}); the operator needs get on configmaps",
+            )
+        if data is None:
+            hint = f"kubectl -n {owner.namespace} create configmap {ref.name} --from-file={ref.key}=<path>/config.json"
+            return spec, ("ModelConfigInvalid", f"{where} (spec.model.configMap) not found; create it: {hint}")
+        if ref.key not in data:
+            keys = ", ".join(sorted(data)) or "none"
+            return spec, ("ModelConfigInvalid", f"{where} has no key {ref.key!r} (its keys: {keys})")
+        try:
+            config = parse_json(data[ref.key], f"{where} key {ref.key}")
+        except ModelConfigError as exc:
+            return spec, ("ModelConfigInvalid", str(exc))
+        return with_model_config(spec, config), None
 
     async def _converge(
         self,
@@ -116,10 +147,15 @@ class Reconciler:
         generation: int | None,
         spec: DisaggregatedDeploymentSpec,
         old: DisaggregatedDeploymentStatus,
+        problem: tuple[str, str] | None = None,
     ) -> Outcome:
         observed = await self.kube.observe(owner, spec.topology.hardware)
         own_image, router_image = self.config.images()
-        desired: Desired = desire(owner, spec, observed, own_image, router_image, self.config.image_pull_secrets)
+        desired: Desired = (
+            desire(owner, spec, observed, own_image, router_image, self.config.image_pull_secrets)
+            if problem is None
+            else Desired(None, [], problem)  # the spec's config.json is not readable: leave every child as it is
+        )
         applied: list[str] = []
         deleted: list[str] = []
         if desired.error is None:

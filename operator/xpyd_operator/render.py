@@ -4,7 +4,8 @@ Like `helm template`: the operator's own pure builders (desired.desire) run agai
 cluster of the spec's topology (enough nodes, one NVL72 rack per 72 GPUs), so what is printed
 is what a reconcile would apply, less the ownerReferences (the API server assigns the uid). A
 spec the operator would refuse (schema, an unknown model, a replica that does not fit its GPUs)
-is one line on stderr and exit code 2.
+is one line on stderr and exit code 2. `--model-config FILE` stands in for the ConfigMap a spec names
+in spec.model.configMap (the model's Hugging Face config.json), which a render cannot read.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from xpyd_api.models import DisaggregatedDeploymentSpec
 from xpyd_api.podmodels import NetworkSpec
 from xpyd_api.rules import MAX_NAME_LENGTH, TOPOLOGY_KINDS
 from xpyd_operator import sizing
-from xpyd_operator.desired import Desired, Observed, demands, desire, with_defaults
+from xpyd_operator.desired import Desired, Observed, demands, desire, with_defaults, with_model_config
 from xpyd_operator.meta import Owner, default_own_image
 from xpyd_operator.placement import NodeInfo
-from xpyd_perf import Topology
+from xpyd_perf import ModelConfigError, Topology, model_from_config, parse_json
+from xpyd_perf.modelconfig import describe
 
 DEFAULT_CLIQUE: Final = "00000000-0000-0000-0000-000000000000.0"  # <ClusterUUID>.<CliqueID>, as GPU Feature Discovery
 EXIT_INPUT: Final = 2
@@ -54,6 +56,8 @@ class Options:
     default_network: NetworkSpec | None = None
     compute_domain: bool = True  # whether the cluster serves ComputeDomain (the NVIDIA DRA driver)
     clique: str = DEFAULT_CLIQUE
+    model_config: dict[str, Any] | None = None  # --model-config: the config.json spec.model.configMap holds
+    model_config_file: str = ""  # its path, for messages
 
 
 def _problems(exc: ValidationError) -> str:
@@ -95,6 +99,17 @@ def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], li
     except ValidationError as exc:
         raise RenderError(f"{name}: {_problems(exc)}") from None
     spec = with_defaults(spec, options.default_network)
+    if spec.model.config is None and options.model_config is not None:
+        try:
+            model_from_config(options.model_config, spec.model.name)
+        except ModelConfigError as exc:
+            raise RenderError(f"{name}: --model-config {options.model_config_file}: {exc}") from None
+        spec = with_model_config(spec, options.model_config)  # as the reconciler reads spec.model.configMap in
+    elif spec.model.config is None and (ref := spec.model.config_map) is not None:
+        raise RenderError(
+            f"{name}: spec.model.configMap names ConfigMap {ref.name!r} (key {ref.key}), which a render cannot "
+            "read; pass that config.json with --model-config FILE"
+        )
     owner = Owner(name, options.namespace or str(meta.get("namespace") or "default"), "")
     wanted = demands(spec, Observed(), owner)
     nodes = empty_cluster(
@@ -114,12 +129,14 @@ def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], li
 
 def _notes(spec: DisaggregatedDeploymentSpec, desired: Desired) -> list[str]:
     out = []
+    if spec.model.config is not None and (model := sizing.catalog_model(spec)) is not None:
+        out.append(f"model {spec.model.name} from {sizing.config_source(spec)}: {describe(model)}")
     if (pl := desired.placement) is not None:
         out.append(f"TopologySatisfied={pl.satisfied} ({pl.reason}): {pl.message}; kvPath {pl.kv_path}")
     for role, pool in spec.pools().items():
         fit = sizing.replica_fit_of(spec, pool)
         out.append(
-            f"{role}: {fit.summary() if fit else 'not modelled (topology Any, no GPUs or a model outside the catalog)'}"
+            f"{role}: {fit.summary() if fit else 'not modelled (topology Any, no GPUs or a model of unknown size)'}"
         )
     return out
 
@@ -150,6 +167,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--default-network", default="", metavar="PROFILE|JSON", help="as the operator's flag")
     p.add_argument("--no-compute-domain", action="store_true", help="as on a cluster without the NVIDIA DRA driver")
     p.add_argument("--clique", default=DEFAULT_CLIQUE, help="the NVL72 clique id to pin to")
+    p.add_argument(
+        "--model-config", default=None, metavar="FILE",
+        help="the model's Hugging Face config.json, as the ConfigMap spec.model.configMap names holds it",
+    )  # fmt: skip
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     return p
 
@@ -162,9 +183,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"xpyd render: --default-network: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INPUT
+    model_config = None
+    if args.model_config is not None:  # a missing file: the dispatcher's one line (xpyd_cli.errors)
+        try:
+            model_config = parse_json(Path(args.model_config).read_text(encoding="utf-8"), args.model_config)
+        except ModelConfigError as exc:
+            print(f"xpyd render: --model-config {exc}", file=sys.stderr)
+            return EXIT_INPUT
     options = Options(
         args.namespace, args.topology, args.image, args.router_image, tuple(args.image_pull_secret), network,
-        not args.no_compute_domain, args.clique,
+        not args.no_compute_domain, args.clique, model_config, args.model_config or "",
     )  # fmt: skip
     out: list[str] = []
     items: list[dict[str, Any]] = []

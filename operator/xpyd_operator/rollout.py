@@ -10,18 +10,20 @@ replica runs the new revision and is ready. Pure functions of the manifests; the
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from xpyd_api import handoff
 from xpyd_api import labels as L
 from xpyd_operator import groups
 
 FIRST, THEN = "decode", "prefill"  # the order pools take a new engine revision
 
 
-def engine_rev(image: str, connector: str | None) -> str:
-    """A short label-safe revision of what must match across a KV handoff: the engine image and connector."""
-    return hashlib.sha256(f"{image}|{connector or ''}".encode()).hexdigest()[:10]
+def engine_rev(image: str, connector: str | None, facts: handoff.HandoffFacts | None = None) -> str:
+    """A short label-safe revision of what must match across a KV handoff: the engine image and connector,
+    and with `facts` (xpyd_api.handoff.pool_facts) the release, model, block size, KV dtype and layout,
+    tensor and pipeline parallel, attention backend and GPU; not what leaves the handoff alone (--max-num-seqs)."""
+    return handoff.revision(image, connector, facts)
 
 
 def _template_rev(workload: dict[str, Any] | None) -> str | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from xpyd_api import labels as L
-from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec, usable_tokenizer
-from xpyd_operator import podsecurity
+from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec, RouterServiceSpec, usable_tokenizer
+from xpyd_operator import engines, podsecurity, sizing
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
 ROLE = "router"
@@ -30,6 +29,10 @@ HUB_CACHE = f"{podsecurity.TMP_PATH}/hf"  # HF_HOME: the router's only writable 
 HUB_ENV = ("HF_ENDPOINT", HF_TOKEN, "HF_HUB_OFFLINE", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
 # Spread replicas over nodes, softly: a one-node cluster still schedules them all.
 SPREAD_KEYS = (L.HOSTNAME,)
+# Secrets mounted as files, not env: the kubelet updates a mounted Secret in place (no subPath), and the
+# router re-reads the key file and the certificate when they change, so rotations need no restart.
+KEY_VOLUME, KEY_DIR, KEY_FILE = "api-key", "/etc/xpyd/router-key", "api-key"
+TLS_VOLUME, TLS_DIR = "tls", "/etc/xpyd/router-tls"
 
 
 def name(owner: Owner) -> str:
@@ -39,12 +42,19 @@ def name(owner: Owner) -> str:
 def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> dict[str, Any]:
     cmd = ["xpyd", "router", "--deployment", owner.name, "--namespace", owner.namespace]
     cmd += ["--host", "$(POD_IP)", "--port", str(L.ROUTER_PORT), "--policy", spec.router.policy]
-    cmd += ["--engine", "sglang" if spec.engine.kind == "sglang" else "vllm"]
+    if (kv_bytes := sizing.kv_bytes_per_token(spec)) is not None:  # the KV bytes each pair hands over
+        cmd += ["--kv-bytes-per-token", str(kv_bytes)]
+    cmd += ["--engine", spec.engine.kind]  # the router speaks the kind's handoff protocol (xpyd_api.engines)
     if (tok := tokenizer(spec)) != "none":  # prefixes keyed by the engines' tokens: their KV events apply
         cmd += ["--tokenizer", tok]
+    cmd += secret_args(spec)
+    if spec.router.log_level != "WARNING":  # the router's default: unchanged pods for unchanged specs
+        cmd += ["--log-level", spec.router.log_level]
     # Ready once it routes (/health: a ready decode or co-located worker); alive while its loop answers.
-    ready = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3}
-    alive = {"httpGet": {"path": "/metrics", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    # With TLS the kubelet probes over HTTPS (it checks no certificate).
+    get: dict[str, Any] = {"port": "http", **({"scheme": "HTTPS"} if spec.router.tls is not None else {})}
+    ready = {"httpGet": {"path": "/health", **get}, "periodSeconds": 5, "timeoutSeconds": 3}
+    alive = {"httpGet": {"path": "/metrics", **get}, "periodSeconds": 10, "timeoutSeconds": 5}
     container = {
         "name": "router",
         "image": spec.router.image or image,
@@ -53,7 +63,6 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
             {"name": L.ENV_ROUTER_POLICY, "value": spec.router.policy},
             {"name": L.ENV_DEPLOYMENT, "value": owner.name},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            *api_key_env(spec),
             *hub_env(spec),
         ],
         "ports": [{"name": "http", "containerPort": L.ROUTER_PORT, "protocol": "TCP"}],
@@ -61,7 +70,7 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
         "livenessProbe": {**alive, "failureThreshold": 6},
         "resources": {k: dict(v) for k, v in RESOURCES.items()},
         "securityContext": podsecurity.restricted_container_context(),
-        "volumeMounts": [podsecurity.tmp_mount()],
+        "volumeMounts": [podsecurity.tmp_mount(), *secret_mounts(spec)],
     }
     mine = {"matchLabels": selector(owner, ROLE)}
     spread = [
@@ -72,7 +81,7 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
         "serviceAccountName": name(owner),
         "securityContext": podsecurity.restricted_pod_context(),
         "containers": [container],
-        "volumes": [podsecurity.tmp_volume()],
+        "volumes": [podsecurity.tmp_volume(), *secret_volumes(spec)],
         "topologySpreadConstraints": spread,
     }
     annotations = {
@@ -80,6 +89,8 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
         "prometheus.io/port": str(L.ROUTER_PORT),
         "prometheus.io/path": "/metrics",
     }
+    if spec.router.tls is not None:
+        annotations["prometheus.io/scheme"] = "https"
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -95,12 +106,36 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
     }
 
 
-def api_key_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
-    """The router's API key from the user's Secret (never a literal in the pod spec), if one is asked for."""
-    ref = spec.router.api_key_secret
-    if ref is None:
-        return []
-    return [ref.env(L.ENV_ROUTER_API_KEY)]
+def secret_args(spec: DisaggregatedDeploymentSpec) -> list[str]:
+    """--api-key-file and --tls-* at the mounted Secrets' files (never a secret on the command line)."""
+    out: list[str] = []
+    if spec.router.api_key_secret is not None:
+        out += ["--api-key-file", f"{KEY_DIR}/{KEY_FILE}"]
+    if spec.router.tls is not None:
+        out += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
+        out += ["--tls-ca-file", f"{TLS_DIR}/ca.crt"]  # used when the Secret has one (cert-manager's CA issuers)
+    return out
+
+
+def secret_volumes(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
+    """The API key's Secret (its one key, as a file) and the TLS Secret (all of it), read-only volumes."""
+    out: list[dict[str, Any]] = []
+    if (ref := spec.router.api_key_secret) is not None:
+        items = [{"key": ref.key, "path": KEY_FILE}]
+        out.append({"name": KEY_VOLUME, "secret": {"secretName": ref.name, "items": items}})
+    if (tls := spec.router.tls) is not None:
+        out.append({"name": TLS_VOLUME, "secret": {"secretName": tls.secret_name}})
+    return out
+
+
+def secret_mounts(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
+    """Whole-directory mounts (a subPath mount would never see an update)."""
+    out: list[dict[str, Any]] = []
+    if spec.router.api_key_secret is not None:
+        out.append({"name": KEY_VOLUME, "mountPath": KEY_DIR, "readOnly": True})
+    if spec.router.tls is not None:
+        out.append({"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True})
+    return out
 
 
 def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
@@ -113,34 +148,21 @@ def tokenizer(spec: DisaggregatedDeploymentSpec) -> str:
     choice = spec.router.tokenizer
     if choice != AUTO_TOKENIZER:
         return choice
-    if spec.engine.kind == "emulator":
+    if engines.profile_of(spec).tokens == "emulator":
         return "emulator"
     hub = f"hf:{spec.model.name}"
     return hub if usable_tokenizer(hub) else "none"
 
 
-RANK_HEADER_VLLM = (0, 14, 0)  # the first vLLM that passes X-data-parallel-rank on to its engines
-_VERSION_TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)(?:[-+.][\w.+-]*)?$")
-
-
-def image_version(image: str) -> tuple[int, int, int] | None:
-    """The semantic version in an image reference's tag (`vllm/vllm-openai:v0.14.1`), None without one."""
-    match = _VERSION_TAG.search(image.split("@", 1)[0])
-    return (int(match[1]), int(match[2]), int(match[3])) if match else None
-
-
-def rank_routing(spec: DisaggregatedDeploymentSpec, engine_image: str) -> bool:
+def rank_routing(spec: DisaggregatedDeploymentSpec) -> bool:
     """Whether the router routes to each data-parallel rank (spec.router.dataParallelRouting): 'auto'
-    only where the engine is known to pin a request's rank by header. vLLM v0.11-v0.13 read
-    X-data-parallel-rank and drop it before the engine client (serving_engine._process_inputs), so
-    pinned routes would go where its balancer sends them while the router's picture says otherwise."""
+    only where the engine release is known to pin a request's rank by header (the profile's rank_header:
+    vLLM v0.11-v0.13 read X-data-parallel-rank and drop it before the engine client, so pinned routes
+    would go where its balancer sends them while the router's picture says otherwise)."""
     choice = spec.router.data_parallel_routing
     if choice != "auto":
         return choice == "ranks"
-    if spec.engine.kind == "emulator":
-        return True
-    version = image_version(engine_image)
-    return spec.engine.kind == "vllm" and version is not None and version >= RANK_HEADER_VLLM
+    return engines.profile_of(spec).rank_header
 
 
 def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
@@ -156,14 +178,20 @@ def hub_env(spec: DisaggregatedDeploymentSpec) -> list[dict[str, Any]]:
     return out
 
 
-def service(owner: Owner) -> dict[str, Any]:
+def service(owner: Owner, spec: DisaggregatedDeploymentSpec | None = None) -> dict[str, Any]:
+    """The router's Service (spec.router.service). What the API server allocates (clusterIP, nodePort,
+    healthCheckNodePort) is left out, so it keeps them across applies; annotations the spec drops go."""
+    svc = spec.router.service if spec is not None else RouterServiceSpec()
     port = {"name": "http", "port": L.ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata_for(owner, name(owner), ROLE),
-        "spec": {"type": "ClusterIP", "selector": selector(owner, ROLE), "ports": [port]},
-    }
+    meta = metadata_for(owner, name(owner), ROLE)
+    if svc.annotations:
+        meta["annotations"] = dict(svc.annotations)
+    body: dict[str, Any] = {"type": svc.type, "selector": selector(owner, ROLE), "ports": [port]}
+    if svc.load_balancer_class is not None:
+        body["loadBalancerClass"] = svc.load_balancer_class
+    if svc.external_traffic_policy is not None:
+        body["externalTrafficPolicy"] = svc.external_traffic_policy
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": body}
 
 
 def service_account(owner: Owner) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Sizes an engine pod takes from its model and GPUs: the fits-check, /dev/shm, the startup budget, the cache.
 
-Everything here is derived from the performance model's catalog (xpyd_perf) and the engine's own
+Everything here is derived from the model's shape (its config.json through spec.model.config or
+spec.model.configMap, else the performance model's catalog, xpyd_perf) and the engine's own
 flags in spec.engine.args and spec.<pool>.args (--max-model-len, --gpu-memory-utilization,
 --quantization, --kv-cache-dtype), so a pool that asks for tensor parallel 8 gets a /dev/shm,
 a startup probe and a model cache sized for it without a pod patch.
@@ -15,7 +16,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
-from xpyd_perf import Fit, ModelSpec, UnknownModelError, quantized, replica_fit, resolve_model
+from xpyd_perf import (
+    Fit,
+    ModelConfigError,
+    ModelSpec,
+    UnknownModelError,
+    model_from_config,
+    quantized,
+    replica_fit,
+    resolve_model,
+)
 from xpyd_perf.fits import GPU_MEMORY_UTILIZATION
 
 GI: Final = 2**30
@@ -24,7 +34,7 @@ SHM_MIN_GI: Final = 8
 STARTUP_PERIOD_S: Final = 10
 STARTUP_BASE_S: Final = 600  # CUDA graph capture, torch.compile, DeepGEMM warm-up after the weights are in
 DOWNLOAD_BYTES_PER_S: Final = 100e6  # a first start downloads the weights: ~1 Gb/s from the Hugging Face Hub
-STARTUP_UNKNOWN_S: Final = 1800  # a model outside the catalog: 30 minutes
+STARTUP_UNKNOWN_S: Final = 1800  # a model of unknown size (outside the catalog, no config.json): 30 minutes
 STARTUP_EXPERT_PARALLEL_S: Final = 1800  # DeepGEMM and DeepEP kernels compiled at first start (Dynamo's GB200: 100 min)
 CACHE_HEADROOM: Final = 1.2  # tokenizer, config and the download's temporary files beside the weights
 CACHE_EXTRA_GI: Final = 10
@@ -78,11 +88,34 @@ def engine_flags(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> EngineFla
     )
 
 
-def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = None) -> ModelSpec | None:
-    """The model as the catalog knows it (quantized as the name or --quantization says), or None."""
+def config_source(spec: DisaggregatedDeploymentSpec) -> str:
+    """Where the model's config.json came from, as messages name it."""
+    ref = spec.model.config_map
+    return f"ConfigMap {ref.name} (key {ref.key})" if ref is not None else "spec.model.config"
+
+
+def declared_model(spec: DisaggregatedDeploymentSpec) -> ModelSpec | None:
+    """The model's shape: from its config.json when the spec carries one (spec.model.config, or the
+    ConfigMap's the reconciler read into it), else the catalog's by name; None when neither knows it.
+
+    Raises ModelConfigError for a config.json the shape cannot be read from (desired.check_model says so).
+    """
+    if spec.model.config is not None:
+        return model_from_config(spec.model.config, spec.model.name)
     try:
-        model = resolve_model(spec.model.name)
+        return resolve_model(spec.model.name)
     except UnknownModelError:
+        return None
+
+
+def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = None) -> ModelSpec | None:
+    """The model as its config.json or the catalog knows it (quantized as the name or --quantization says), or None
+    (also for a config.json that cannot be read: the reconciler refuses such a spec before sizing anything)."""
+    try:
+        model = declared_model(spec)
+    except ModelConfigError:
+        return None
+    if model is None:
         return None
     quantization = engine_flags(spec, pool).quantization if pool is not None else None
     if quantization:
@@ -93,7 +126,7 @@ def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = Non
 
 def replica_fit_of(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> Fit | None:
     """The fits-check of one replica of `pool`; None when it cannot be modelled (topology Any, no GPUs,
-    a model outside the catalog)."""
+    a model outside the catalog without a config.json)."""
     topology = spec.topology.hardware
     model = catalog_model(spec, pool)
     if topology is None or model is None or pool.gpus_per_replica < 1:
@@ -130,8 +163,21 @@ def startup_failure_threshold(spec: DisaggregatedDeploymentSpec, pool: PoolSpec)
 
 
 def cache_size(spec: DisaggregatedDeploymentSpec) -> str | None:
-    """The default (emptyDir) model cache's size limit: the weights with headroom; None for an unknown model."""
+    """The default (emptyDir) model cache's size limit: the weights with headroom; None for a model of unknown size."""
     model = catalog_model(spec)
     if model is None:
         return None
     return f"{math.ceil(model.weight_bytes * CACHE_HEADROOM / GI) + CACHE_EXTRA_GI}Gi"
+
+
+def kv_bytes_per_token(spec: DisaggregatedDeploymentSpec) -> int | None:
+    """The KV-cache bytes one prompt token takes on the decode pool, which is what a handoff moves
+    (spec.model.kvBytesPerToken, else the model's shape; halved for an fp8 KV cache): the router's
+    --kv-bytes-per-token. None without a prefill pool (no handoffs) or for a model of unknown shape."""
+    if spec.prefill is None or spec.decode is None:
+        return None
+    model = catalog_model(spec, spec.decode)
+    per_token = spec.model.kv_bytes_per_token or (model.kv_bytes_per_token if model is not None else 0)
+    if per_token <= 0:
+        return None
+    return max(1, per_token // 2) if engine_flags(spec, spec.decode).fp8_kv_cache else per_token

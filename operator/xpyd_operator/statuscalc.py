@@ -11,7 +11,7 @@ from xpyd_api.models import (
     DisaggregatedDeploymentStatus,
     PoolStatus,
 )
-from xpyd_operator import groups, rollout
+from xpyd_operator import groups, rollout, sizing
 from xpyd_operator.desired import Desired, Observed
 from xpyd_operator.meta import Owner, child_name
 
@@ -57,8 +57,9 @@ def worthwhile(spec: DisaggregatedDeploymentSpec, gen: int | None) -> Condition:
     if topology is None or pool is None:
         return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NoTopology", "topology Any: no hardware to model", gen)
     try:
+        model = sizing.catalog_model(spec) or spec.model.name  # its config.json's shape, else the catalog's
         verdict = break_even(
-            spec.model.name, topology.name, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
+            model, topology.name, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
         )
     except ValueError as exc:  # unknown model/topology or a replica the model cannot place
         return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NotModelled", str(exc), gen)

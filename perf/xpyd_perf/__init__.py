@@ -8,7 +8,8 @@ FP8/FP4 checkpoints), looked up case-insensitively by resolve_gpu / resolve_topo
 (HF names too), which raise UnknownGpuError / UnknownTopologyError / UnknownModelError (ValueErrors
 listing the valid names). See `timing` for the roofline formulas, `breakeven` for the
 disaggregation verdict (t_transfer < t_stall) and the xPyD suggestion, and `fits` for whether a
-replica holds its weights and one longest sequence.
+replica holds its weights and one longest sequence. Any other model is sized from its Hugging Face
+config.json by `modelconfig.model_from_config` (ModelConfigError names what it misses).
 """
 
 from xpyd_perf.breakeven import (
@@ -20,6 +21,7 @@ from xpyd_perf.breakeven import (
 )
 from xpyd_perf.fits import Fit, replica_fit
 from xpyd_perf.hardware import GPUS, NVLINK, RDMA, GpuSpec, KvPath, UnknownGpuError
+from xpyd_perf.modelconfig import ModelConfigError, model_from_config, parse_json
 from xpyd_perf.models import MODELS, WEIGHT_BYTES, ModelSpec, UnknownModelError, quantized, resolve_model
 from xpyd_perf.timing import (
     attention_flops,
@@ -55,6 +57,7 @@ __all__ = [
     "Fit",
     "GpuSpec",
     "KvPath",
+    "ModelConfigError",
     "ModelSpec",
     "Topology",
     "UnknownGpuError",
@@ -70,6 +73,8 @@ __all__ = [
     "kv_bytes",
     "kv_capacity_tokens",
     "link_bandwidth",
+    "model_from_config",
+    "parse_json",
     "path_between",
     "prefill_seconds",
     "quantized",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from xpyd_perf.fits import GPU_MEMORY_UTILIZATION as GPU_MEMORY_UTILIZATION  # the simulator reads it here
 from xpyd_perf.fits import replica_fit
-from xpyd_perf.models import resolve_model
+from xpyd_perf.models import ModelSpec, resolve_model
 from xpyd_perf.timing import (
     decode_step_seconds,
     handoff_lanes,
@@ -78,8 +78,13 @@ def _check_replica(gpus_per_replica: int, topo: Topology) -> None:
         raise ValueError(f"gpus_per_replica={gpus_per_replica} does not fit {topo.name} (at most {limit})")
 
 
+def _model(model: str | ModelSpec) -> ModelSpec:
+    """A catalog name, or a shape already resolved (a model sized from its config.json)."""
+    return model if isinstance(model, ModelSpec) else resolve_model(model)
+
+
 def break_even(
-    model: str,
+    model: str | ModelSpec,
     topology: str,
     prompt_tokens: int,
     gpus_per_replica: int = 8,
@@ -92,7 +97,7 @@ def break_even(
     one the operator's placement gives (RDMA across HGX nodes, NVLink inside an NVL72 clique).
     Raises UnknownModelError / UnknownTopologyError / ValueError for bad input.
     """
-    spec = resolve_model(model)
+    spec = _model(model)
     topo = resolve_topology(topology)
     if prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
@@ -133,10 +138,10 @@ class XpydSuggestion:
         return f"{self.prefill_replicas}P{self.decode_replicas}D"
 
 
-def kv_capacity_tokens(model: str, topology: str, gpus_per_replica: int) -> int:
+def kv_capacity_tokens(model: str | ModelSpec, topology: str, gpus_per_replica: int) -> int:
     """Tokens of KV cache one replica holds after weights (vLLM's 0.9 memory utilisation); the HBM
     left per GPU is the fits-check's (`xpyd_perf.fits`), counted over the replica's GPUs."""
-    spec = resolve_model(model)
+    spec = _model(model)
     topo = resolve_topology(topology)
     fit = replica_fit(spec, topo.gpu, gpus_per_replica)
     free = fit.kv_room_bytes_per_gpu * gpus_per_replica
@@ -144,7 +149,7 @@ def kv_capacity_tokens(model: str, topology: str, gpus_per_replica: int) -> int:
 
 
 def suggest_xpyd(
-    model: str,
+    model: str | ModelSpec,
     topology: str,
     prompt_tokens: int,
     output_tokens: int,
@@ -161,7 +166,7 @@ def suggest_xpyd(
     runs the largest batch (at most `max_batch`, vLLM's --max-num-seqs) whose step stays under the
     inter-token target and whose KV fits.
     """
-    spec = resolve_model(model)
+    spec = _model(model)
     topo = resolve_topology(topology)
     if rate <= 0 or output_tokens < 1 or prompt_tokens < 1:
         raise ValueError("rate, prompt_tokens and output_tokens must be positive")
@@ -169,7 +174,7 @@ def suggest_xpyd(
     cached = int(prompt_tokens * min(max(cached_fraction, 0.0), 1.0))
     prefill_rps = 1.0 / max(prefill_seconds(spec, topo.gpu, prompt_tokens, cached, tp), 1e-9)
     context = prompt_tokens + output_tokens // 2
-    fits = max(1, kv_capacity_tokens(spec.key, topo.name, tp) // (prompt_tokens + output_tokens))
+    fits = max(1, kv_capacity_tokens(spec, topo.name, tp) // (prompt_tokens + output_tokens))
     lo, hi = 1, max(1, min(max_batch, fits))
     while lo < hi:  # largest batch with step <= target (step time grows with batch)
         mid = (lo + hi + 1) // 2

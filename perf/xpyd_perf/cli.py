@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from xpyd_perf.breakeven import BreakEven, break_even, suggest_xpyd
 from xpyd_perf.fits import (
@@ -19,6 +20,7 @@ from xpyd_perf.fits import (
     span,
 )
 from xpyd_perf.lengthmix import LengthMix, TraceFormatError, parse_lengths
+from xpyd_perf.modelconfig import ModelConfigError, model_from_config, parse_json
 from xpyd_perf.models import MODELS, WEIGHT_BYTES, ModelSpec, UnknownModelError, quantized, resolve_model
 from xpyd_perf.topology import TOPOLOGIES, Topology, UnknownTopologyError, resolve_topology
 
@@ -31,7 +33,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Is disaggregation worth it (t_transfer < t_stall)? Prints the break-even table "
         "and the prefill:decode ratio for a target request rate.",
     )
-    p.add_argument("--model", required=True, help=f"catalog key or HF name: {', '.join(MODELS)}")
+    p.add_argument(
+        "--model", default=None,
+        help=f"catalog key or HF name: {', '.join(MODELS)}; any name with --model-config",
+    )  # fmt: skip
+    p.add_argument(
+        "--model-config", default=None, metavar="FILE",
+        help="the model's Hugging Face config.json: size any model from it, as the operator does with "
+        "spec.model.configMap",
+    )  # fmt: skip
     p.add_argument("--topology", default="HGX-B200", help=f"one of {', '.join(TOPOLOGIES)}")
     p.add_argument(
         "--gpus-per-replica", type=int, default=None,
@@ -49,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=None, help="output length (default: trace mean or 256)")
     p.add_argument("--rate", type=float, default=10.0, help="target requests per second for the xPyD suggestion")
     p.add_argument("--itl-target-ms", type=float, default=50.0, help="inter-token latency target for decode")
-    p.add_argument("--kv-bytes-per-token", type=int, default=None, help="override the catalog's KV bytes/token")
+    p.add_argument(
+        "--kv-bytes-per-token", type=int, default=None, help="override the catalog's (or config.json's) KV bytes/token"
+    )
     p.add_argument("--dp-attention", action="store_true", help="data-parallel attention: one NIC per request")
     p.add_argument(
         "--max-model-len", type=int, default=None, help="longest sequence the engine must hold (default: the model's)"
@@ -108,15 +120,36 @@ def _mix_share(args: argparse.Namespace, mix: LengthMix, gpus: int) -> float:
     for n in mix.prompts:
         if n not in verdicts:
             verdicts[n] = break_even(
-                args.model, args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention
+                _named(args), args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention
             ).disaggregate
         wins += verdicts[n]
     return wins / len(mix.prompts)
 
 
+def _named(args: argparse.Namespace) -> str | ModelSpec:
+    """The model the break-even prices: its config.json's shape (read once by main), else the catalog name."""
+    shape: ModelSpec | None = getattr(args, "shape", None)
+    return shape if shape is not None else str(args.model)
+
+
 def _model(args: argparse.Namespace) -> ModelSpec:
-    model = resolve_model(args.model)
+    named = _named(args)
+    model = named if isinstance(named, ModelSpec) else resolve_model(named)
     return quantized(model, args.quantization) if args.quantization else model
+
+
+def read_model_config(path: str, name: str | None) -> ModelSpec:
+    """The shape in the config.json at `path`, served as `name` (default: the config's _name_or_path, else the
+    file's folder or stem). OSError or ModelConfigError (a ValueError) for a bad file."""
+    with open(path, encoding="utf-8") as f:
+        config = parse_json(f.read(), path)
+    if name is None:
+        file = Path(path)
+        name = str(config.get("_name_or_path") or (file.parent.name if file.name == "config.json" else file.stem))
+    try:
+        return model_from_config(config, name)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{path}: {exc}") from None
 
 
 def _asked_layout(args: argparse.Namespace) -> tuple[int, int, int, bool] | None:
@@ -201,13 +234,13 @@ def run(args: argparse.Namespace) -> str:
             mix = parse_lengths(f)
     lengths = _prompt_lengths(args.prompt_tokens, mix)
     rows = [
-        (tag, break_even(args.model, args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention))
+        (tag, break_even(_named(args), args.topology, n, gpus, args.kv_bytes_per_token, args.dp_attention))
         for tag, n in lengths
     ]
     main_row = next((r for tag, r in rows if tag == "mean"), rows[0][1])
     output = args.output_tokens or (mix.mean_output if mix else 256)
     s = suggest_xpyd(
-        args.model, args.topology, main_row.prompt_tokens, output, args.rate, gpus, args.itl_target_ms / 1e3
+        _named(args), args.topology, main_row.prompt_tokens, output, args.rate, gpus, args.itl_target_ms / 1e3
     )
     share = _mix_share(args, mix, gpus) if mix else None
     if args.json:
@@ -255,10 +288,16 @@ def run(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = _parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.model is None and args.model_config is None:
+        parser.error("one of --model or --model-config is required")
     try:
+        args.shape = read_model_config(args.model_config, args.model) if args.model_config else None
         print(run(args))
     except (UnknownModelError, UnknownTopologyError, TraceFormatError, ValueError, OSError) as exc:
-        print(f"xpyd plan: error: {exc}", file=sys.stderr)
+        text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+        print(f"xpyd plan: error: {where}{' '.join(text.split())}", file=sys.stderr)
         return 2
     return 0

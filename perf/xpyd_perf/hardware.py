@@ -1,6 +1,6 @@
 """The GPU catalog: the accelerator facts every timing in xpyd is derived from.
 
-Figures follow DESIGN.md sections 4 and 8. Bandwidths are per direction: NVLink 1.8 TB/s "per
+Figures follow the vendors' published specifications. Bandwidths are per direction: NVLink 1.8 TB/s "per
 GPU" counts both directions, so one direction carries 900 GB/s on B200/GB200 (450 GB/s on
 H100/H200); a 400 Gb/s NIC carries at most 50 GB/s per direction. The H800 (DeepSeek's V3/R1
 serving GPU, the seeds' reference deployment) is an H100 with NVLink cut to 400 GB/s both ways.
@@ -33,6 +33,9 @@ class GpuSpec:
     hbm_bandwidth: float  # bytes/s
     nvlink_bandwidth: float  # bytes/s per GPU, one direction
     nic_bandwidth: float  # bytes/s per NIC, one direction (one NIC per GPU)
+    # bytes/s between the GPU and its host's memory, one direction: PCIe Gen5 x16 on HGX systems,
+    # NVLink-C2C (900 GB/s both ways) on Grace superchips; what a CPU KV tier reloads at
+    host_bandwidth: float = 64e9
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype ("bf16" or "fp8")."""
@@ -40,13 +43,14 @@ class GpuSpec:
 
 
 _NIC_400G: Final = 50e9
+_C2C: Final = 450e9  # NVLink-C2C, Grace to Blackwell, one direction
 
 GPUS: Final[dict[str, GpuSpec]] = {
     "H100": GpuSpec("H100", 0.989e15, 1.979e15, 80e9, 3.35e12, 450e9, _NIC_400G),
     "H200": GpuSpec("H200", 0.989e15, 1.979e15, 141e9, 4.8e12, 450e9, _NIC_400G),
     "H800": GpuSpec("H800", 0.989e15, 1.979e15, 80e9, 3.35e12, 200e9, _NIC_400G),
     "B200": GpuSpec("B200", 2.25e15, 4.5e15, 180e9, 8.0e12, 900e9, _NIC_400G),
-    "GB200": GpuSpec("GB200", 2.5e15, 5.0e15, 186e9, 8.0e12, 900e9, _NIC_400G),
+    "GB200": GpuSpec("GB200", 2.5e15, 5.0e15, 186e9, 8.0e12, 900e9, _NIC_400G, _C2C),
 }
 
 # Other spellings of a GPU; the product labels of GPU Feature Discovery come from the topology table.

@@ -2,7 +2,7 @@
 
 Every module that needs a fact about a system kind (placement, the engine's environment, the
 CRD's rules, the simulator, the local cluster's fake nodes) asks a `Topology` from this table
-instead of comparing names (DESIGN.md sections 4 and 10). A new kind (GB300 NVL72) is one more
+instead of comparing names (docs/extend.md). A new kind (GB300 NVL72) is one more
 entry; `offered` makes a modelled kind (HGX H200) a `spec.topology.kind` users may pick.
 `Parallelism` says how one replica spreads over a kind's GPUs, for the timings of wide expert
 parallel replicas that span nodes (`replica_parallelism`).
@@ -15,7 +15,7 @@ from typing import Final, Literal, get_args
 
 from xpyd_perf.hardware import GPU_ALIASES, GPUS, NVLINK, RDMA, GpuSpec, KvPath, UnknownGpuError, lookup
 
-# Node labels written by NVIDIA GPU Feature Discovery and the kubelet (DESIGN.md section 4).
+# Node labels written by NVIDIA GPU Feature Discovery and the kubelet (docs/install.md, step 1).
 GPU_PRODUCT: Final = "nvidia.com/gpu.product"
 GPU_COUNT: Final = "nvidia.com/gpu.count"
 GPU_CLIQUE: Final = "nvidia.com/gpu.clique"  # <ClusterUUID>.<CliqueID>: one NVLink domain (rack)

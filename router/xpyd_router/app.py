@@ -47,6 +47,12 @@ def build_app(
         timeout = aiohttp.ClientTimeout(total=30, connect=config.connect_timeout)
         session = proxy.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
         checker = HealthChecker(session, pool)
+        warm = None
+        if config.warm_pairs:  # one tiny handoff per new prefill/decode pair (warmup.py)
+            from xpyd_router.warmup import Warmup
+
+            warm = Warmup(pool, proxy.upstream, session, proxy.hops.handoff)
+            pool.on_ready = warm.ready
         # Every worker, static or discovered, answers /health before its first request.
         for worker in pool.workers.values():
             worker.healthy = False
@@ -59,6 +65,9 @@ def build_app(
             yield
         finally:
             pool.on_added = None
+            pool.on_ready = None
+            if warm is not None:
+                await warm.close()
             for task in tasks:
                 task.cancel()
             for task in tasks:

@@ -9,6 +9,7 @@ depth, so both sides agree without the engine's own (per-process seeded) block h
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,14 @@ def token_block_keys(ids: Ids, block_size: int, parent: int = 0, depth: int = 0)
     return keys
 
 
+def salt_root(salt: object) -> int:
+    """The key a salted prompt's first block chains onto (0 unsalted), as engines namespace a request's
+    blocks by its `cache_salt`: a salted block never matches an unsalted prompt or another salt's."""
+    if not isinstance(salt, str) or not salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8, person=b"xpyd-salt").digest(), "big") | 1
+
+
 def prompt_ids(body: Mapping[str, object]) -> list[int] | None:
     """A completion prompt given as token ids (`[ids]` or `[[ids]]`), else None: the text is tokenized."""
     prompt = body.get("prompt")
@@ -74,17 +83,19 @@ class RequestKeys:
         """Whether keys are the engine's blocks (engine KV events can then feed the index)."""
         return self.tokenizer is not None
 
-    def __call__(self, text: str, prompt_ids: Sequence[int] | Ids | None = None) -> list[int]:
+    def __call__(self, text: str, prompt_ids: Sequence[int] | Ids | None = None, salt: object = None) -> list[int]:
         if self.tokenizer is None:
             return block_hashes(text, self.block_chars)
         ids = np.asarray(prompt_ids, dtype=np.int64) if prompt_ids is not None else self.tokenizer.encode(text)
-        return token_block_keys(ids, self.block_size)
+        return token_block_keys(ids, self.block_size, salt_root(salt))
 
     def for_request(self, body: Mapping[str, Any], text: str, chat: bool) -> list[int]:
         """A parsed request's keys. `text` (protocol.parse_body's) keys it without a tokenizer; with one,
         completion token ids are used as sent, and the rest is tokenized as the engine does it (chat:
-        rendered with the model's chat template, falling back to `text` when that cannot be done)."""
+        rendered with the model's chat template, falling back to `text` when that cannot be done); a
+        `cache_salt` keys them apart, as the engine's blocks of that salt are."""
         if self.tokenizer is None:  # no rendering, no tokenizing
             return self(text)
         ids = None if chat else prompt_ids(body)
-        return self(text, ids if ids is not None else self.tokenizer.prompt_ids(body, text, chat))
+        salt = body.get("cache_salt")
+        return self(text, ids if ids is not None else self.tokenizer.prompt_ids(body, text, chat), salt)

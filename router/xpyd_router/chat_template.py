@@ -42,9 +42,11 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from xpyd_api.engines import ChatFlavour
+
 log = logging.getLogger("xpyd_router")
 ContentFormat = Literal["string", "openai"]
-Engine = Literal["vllm", "sglang"]
+Engine = ChatFlavour  # the profile's chat flavour (xpyd_api.engines.EngineProfile.chat)
 
 MAX_MESSAGES = 1024  # longer conversations are keyed by their ChatML text: rendering 1024 takes up to ~20 ms
 # transformers' named special tokens, passed to the template as variables (those that are set).

@@ -9,6 +9,7 @@ import gc
 import logging
 import math
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,17 +18,21 @@ from urllib.parse import urlsplit
 
 import uvloop
 
+from xpyd_api import engines
 from xpyd_api import labels as L
-from xpyd_router.access import API_KEY_ENV, load_api_key
+from xpyd_router.access import API_KEY_ENV, load_api_keys
 from xpyd_router.app import Background, build_app
 from xpyd_router.block_keys import RequestKeys
 from xpyd_router.engine_tokens import is_hub_spec, load_hub_tokenizer, make_tokenizer
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
-from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targets
+from xpyd_router.pairs import PairLimits
+from xpyd_router.policies import DEFAULT_SCORERS, POLICIES, SCORERS, KvAwareConfig, KvAwarePolicy, make_policy
+from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targets, replica_target
 from xpyd_router.proxy import ProxyConfig
+from xpyd_router.scorers import format_weights, parse_weights
 from xpyd_router.server import Server
+from xpyd_router.tls import TlsFiles
 
 SHUTDOWN_TIMEOUT = 30.0  # seconds in-flight requests get to finish after SIGTERM
 MAX_TOKENIZER_THREADS = 64
@@ -52,7 +57,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", nargs="+", default=[], metavar="URL[@domain]", help="co-located workers")
     p.add_argument("--deployment", help="DisaggregatedDeployment whose pods to route to (in-cluster)")
     p.add_argument("--namespace", default="default", help="namespace of --deployment")
-    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
+    p.add_argument(
+        "--engine", choices=engines.KINDS, default="vllm",
+        help="the workers' engine kind: picks the KV handoff (vLLM's and the emulator's NIXL hops, SGLang's bootstrap)",
+    )  # fmt: skip
     p.add_argument("--policy", choices=sorted(POLICIES), default="kv-aware")
     p.add_argument("--block-chars", type=int, default=DEFAULT_BLOCK_CHARS, help="prefix block size in bytes")
     p.add_argument("--chars-per-token", type=float, default=4.0, help="to size each worker's prefix LRU")
@@ -88,6 +96,11 @@ def parser() -> argparse.ArgumentParser:
         "read from the pods)",
     )  # fmt: skip
     p.add_argument(
+        "--data-parallel-routing", choices=("ranks", "engine"), default="ranks",
+        help="static workers of --data-parallel-size N: 'ranks' as above; 'engine': each URL is one target and "
+        "its engine picks the rank, the router still hears every rank's KV events (port + rank)",
+    )  # fmt: skip
+    p.add_argument(
         "--peers",
         nargs="+",
         default=[],
@@ -104,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
         "--direct-lead-chars", type=int, default=4096,
         help="kv-aware: a decode worker holding this much more of the prompt than any prefill worker, and 4x "
         "what is left, computes the rest itself when that is at most --direct-max-chars (0: never)",
+    )  # fmt: skip
+    p.add_argument(
+        "--scorers", default=format_weights(DEFAULT_SCORERS), metavar="NAME[=W],...",
+        help="kv-aware: the scorers that order the first hop's workers, most significant first, each with its "
+        f"weight (0: off; negative: reversed); default %(default)s, registered: {', '.join(SCORERS)}",
     )  # fmt: skip
     p.add_argument(
         "--direct-max-chars", type=int, default=16384,
@@ -135,9 +153,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-connections", type=int, default=4096, help="client connections beyond this are answered 503")
     p.add_argument(
         "--api-key-file", metavar="PATH",
-        help=f"require 'Authorization: Bearer <key>' with the key in PATH (else ${API_KEY_ENV}, else no key)",
+        help=f"require 'Authorization: Bearer <key>' with a key in PATH, one a line, re-read when the file changes "
+        f"(else ${API_KEY_ENV}, else no key)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tls-cert-file", metavar="PATH",
+        help="serve HTTPS (TLS 1.2+) with this PEM certificate chain (with --tls-key-file); reloaded when it changes",
+    )  # fmt: skip
+    p.add_argument("--tls-key-file", metavar="PATH", help="the certificate's PEM private key")
+    p.add_argument(
+        "--tls-ca-file", metavar="PATH",
+        help="with TLS: the CA bundle the peer replicas' certificates are checked against, when the file exists "
+        "and is not empty (default, or else: the serving certificate itself)",
     )  # fmt: skip
     p.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument(
+        "--kv-bytes-per-token", type=int, default=0, metavar="N",
+        help="the model's KV-cache bytes per token: exports the KV bytes each prefill/decode pair hands over "
+        "(0: no bytes series; the operator passes it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pair-failures", type=int, default=3, metavar="N",
+        help="KV handoffs failed in a row that take a prefill/decode pair (not its workers) out of pairing "
+        "for a cool-off, doubling up to 5 minutes (0: never)",
+    )  # fmt: skip
+    p.add_argument(
+        "--handoff-slow-seconds", type=float, default=0.0, metavar="S",
+        help="streamed KV handoffs (prefill end to decode first byte) slower than this, 3 in a row, also cool a "
+        "pair off (0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-warm-pairs", dest="warm_pairs", action="store_false",
+        help="do not send a one-token warm-up handoff over each new prefill/decode pair (its first NIXL handshake)",
+    )  # fmt: skip
     return p
 
 
@@ -154,7 +202,10 @@ def static_workers(args: argparse.Namespace) -> list[WorkerSpec]:
             events, replays = f"tcp://{host}:{args.kv_events_port}", f"tcp://{host}:{replay}" if replay else ""
             out.append(dataclasses.replace(spec, kv_events=events, kv_replay=replays))
         specs = out
-    return [target for spec in specs for target in rank_targets(spec, args.data_parallel_size)]
+    size = args.data_parallel_size
+    if args.data_parallel_routing == "engine":
+        return [replica_target(spec, size) for spec in specs]
+    return [target for spec in specs for target in rank_targets(spec, size)]
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -196,6 +247,10 @@ def validate(args: argparse.Namespace) -> str | None:
         value = getattr(args, name)
         if not (value > 0 and math.isfinite(value)):
             return f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}"
+    try:
+        parse_weights(args.scorers)
+    except ValueError as exc:
+        return f"--scorers: {exc}"
     for flag in ("direct_below_chars", "direct_lead_chars", "direct_max_chars"):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must be 0 or more characters, got {getattr(args, flag)}"
@@ -207,6 +262,14 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--peer-sync must be a positive number of seconds, got {args.peer_sync}"
     if args.scrape_interval <= 0 or not math.isfinite(args.scrape_interval):
         return f"--scrape-interval must be a positive number of seconds, got {args.scrape_interval}"
+    if bool(args.tls_cert_file) != bool(args.tls_key_file):
+        return "--tls-cert-file and --tls-key-file go together: give both, or neither for plain HTTP"
+    if args.tls_ca_file and not args.tls_cert_file:
+        return "--tls-ca-file needs --tls-cert-file and --tls-key-file"
+    if args.kv_bytes_per_token < 0 or args.pair_failures < 0:
+        return "--kv-bytes-per-token and --pair-failures must be 0 or more"
+    if not (args.handoff_slow_seconds >= 0 and math.isfinite(args.handoff_slow_seconds)):
+        return f"--handoff-slow-seconds must be 0 or more seconds, got {args.handoff_slow_seconds}"
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
         return f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}"
     return None
@@ -219,7 +282,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
     def tune(_: int = 0) -> None:
         if isinstance(policy, KvAwarePolicy):
             chars_per_block = keys.tokens_per_block * args.chars_per_token
-            policy.config = KvAwareConfig().for_blocks(keys.tokens_per_block)  # knobs counted in this block size
+            # knobs counted in this block size
+            policy.config = KvAwareConfig(scorers=parse_weights(args.scorers)).for_blocks(keys.tokens_per_block)
             cfg = policy.config
             cfg.direct_below_blocks = math.ceil(args.direct_below_chars / chars_per_block)
             cfg.direct_lead_blocks = math.ceil(args.direct_lead_chars / chars_per_block)
@@ -235,11 +299,17 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
         hub = KvEventHub(pool, args.kv_events_topic, retune=tune)
         background.append(hub.run)
+    tls = getattr(args, "tls", None)
+    if tls is not None:
+        background.append(tls.run)
     share = None
     if args.peers or args.deployment:  # in a cluster the other replicas come from the pod watch
         from xpyd_router.loadshare import LoadShare, poll_source
 
-        share = LoadShare(pool, args.peers, args.peer_sync, api_key=args.api_key, source=poll_source(args.host))
+        share = LoadShare(
+            pool, args.peers, args.peer_sync, api_key=args.api_key, source=poll_source(args.host),
+            key_file=args.api_key_file, tls=tls.peer_context if tls is not None else None,
+        )  # fmt: skip
         background.append(share.run)
     if args.deployment:
         from xpyd_router.discovery import watch_deployment
@@ -266,7 +336,11 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         request_timeout=args.request_timeout,
         body_timeout=args.body_timeout,
         api_key=args.api_key,
+        api_key_file=args.api_key_file,
         tokenizer_threads=args.tokenizer_threads,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        pairs=PairLimits(failures=args.pair_failures, slow_seconds=args.handoff_slow_seconds),
+        warm_pairs=args.warm_pairs,
     )
     app = build_app(pool, metrics, config, args.scrape_interval, background)
     if share is not None:
@@ -277,7 +351,7 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
     server = Server(app.routes, args.header_timeout, args.max_connections, args.max_body_bytes, on_busy=busy)
     async with app.running():
         try:
-            await server.listen(args.host, args.port)
+            await server.listen(args.host, args.port, tls=tls.server if tls is not None else None)
         except OSError as exc:
             problem = f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
             raise UsageError(f"{problem}; pick another --host/--port") from None
@@ -288,7 +362,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        print(f"xpyd router listening on {args.host}:{args.port} ({len(specs)} static workers)", flush=True)
+        https = ", HTTPS" if tls is not None else ""
+        print(f"xpyd router listening on {args.host}:{args.port} ({len(specs)} static workers{https})", flush=True)
         try:
             await stop.wait()
         finally:
@@ -310,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             parse_spec(args.tokenizer)
         args.tokenizer_impl = None if hub else make_tokenizer(args.tokenizer, template, args.engine)
-        args.api_key = load_api_key(args.api_key_file)
+        args.api_key = load_api_keys(args.api_key_file)
+        args.tls = load_tls(args)
     except (UsageError, ValueError) as exc:
         return usage_error(exc)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -322,6 +398,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         return usage_error(exc)
     return 0
+
+
+def load_tls(args: argparse.Namespace) -> TlsFiles | None:
+    """The serving certificate from --tls-cert-file/--tls-key-file (ValueError, one line, if it cannot load)."""
+    if not args.tls_cert_file:
+        return None
+    try:
+        return TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+        raise ValueError(
+            f"cannot load --tls-cert-file {args.tls_cert_file} with --tls-key-file {args.tls_key_file}: {reason}; "
+            "give a PEM certificate and its private key"
+        ) from None
 
 
 def read_chat_template(path: str | None) -> str | None:

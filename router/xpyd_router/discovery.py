@@ -4,7 +4,9 @@ A single-pod replica (a StatefulSet pod) is a worker while it is Ready. A multi-
 LeaderWorkerSet group: only its leader (worker-index 0) runs the engine's API server, so the group
 is one worker, at the leader's address, and only while every rank of the group is Ready. A vLLM
 data-parallel replica (the operator's xpyd.io/data-parallel-size annotations on its API pod) is one
-target per data-parallel rank, each subscribed to the events of the pod that runs the rank.
+target per data-parallel rank, each subscribed to the events of the pod that runs the rank; where the
+engine picks the rank (xpyd.io/data-parallel-routing: engine), it is one target subscribed to every
+rank's events.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from lightkube.resources.core_v1 import Pod
 
 from xpyd_api import labels
 from xpyd_router.model import Role
-from xpyd_router.pool import WorkerSpec, rank_targets
+from xpyd_router.pool import WorkerSpec, rank_targets, replica_target
 
 log = logging.getLogger(__name__)
 WORKER_ROLES: frozenset[str] = frozenset({"prefill", "decode", "worker"})
 DEFAULT_PORT = 8000
 RELIST_SECONDS = 60.0
 LEADER_INDEX = 0  # the rank whose pod runs the engine's HTTP API
+# How the operator has a data-parallel replica routed: "ranks" (the router pins each rank; the default,
+# as operators that annotate only the sizes mean) or "engine" (the engine picks; events still per rank).
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,12 @@ def data_parallel(pod: Any) -> tuple[int, int]:
     return size, local if 1 <= local <= size else size
 
 
+def engine_picks_rank(pod: Any) -> bool:
+    """Whether the operator left a data-parallel replica's rank to its engine (the API server balances)."""
+    annotations: dict[str, str] = dict(pod.metadata.annotations or {}) if pod.metadata else {}
+    return annotations.get(labels.DATA_PARALLEL_ROUTING) == "engine"
+
+
 def workers_of(pods: Iterable[Any]) -> list[WorkerSpec]:
     """The routing targets of a whole pod list: Ready single pods, and the leaders of complete groups
     (one each); a data-parallel replica's API pod gives one target per rank, each with the events of
@@ -150,7 +160,10 @@ def workers_of(pods: Iterable[Any]) -> list[WorkerSpec]:
         size, local = data_parallel(pod)
         ranks = members.get(member.group, {}) if member is not None else {}
         hosts = [ranks[i] for i in range(len(ranks)) if i in ranks]
-        out.extend(rank_targets(worker, size, local, hosts))
+        if size > 1 and engine_picks_rank(pod):
+            out.append(replica_target(worker, size, local, hosts))
+        else:
+            out.extend(rank_targets(worker, size, local, hosts))
     return out
 
 

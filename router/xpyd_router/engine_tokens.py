@@ -21,10 +21,11 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from xpyd_api import engines
 from xpyd_perf.emutokens import Ids as Ids
 from xpyd_perf.emutokens import token_ids
 from xpyd_router import hub_files
@@ -181,9 +182,8 @@ def _template(source: object, config: Mapping[str, Any], engine: str, label: str
 
     if not isinstance(source, (str, dict)):
         raise ValueError(f"--tokenizer {label}: chat_template must be a string or a list of named templates")
-    which: Literal["vllm", "sglang"] = "sglang" if engine == "sglang" else "vllm"
     try:
-        return ChatTemplate(source, special_token_values(config), which)
+        return ChatTemplate(source, special_token_values(config), engines.newest(engine).chat)
     except ValueError as exc:
         raise ValueError(f"--tokenizer {label}: {exc}") from None
 

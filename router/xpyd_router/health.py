@@ -13,6 +13,7 @@ from xpyd_router.pool import WorkerPool
 from xpyd_router.scrape import WorkerMetrics, parse_metrics
 from xpyd_router.targets import split_target
 
+NO_METRICS = WorkerMetrics()
 PROBE_TIMEOUT = 2.0  # seconds for GET /health or /metrics
 _ERRORS = (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError)
 
@@ -34,10 +35,15 @@ class HealthChecker:
         except _ERRORS:
             return False
 
-    async def scrape(self, name: str) -> WorkerMetrics | None:
+    async def scrape(self, name: str) -> WorkerMetrics | TimeoutError | None:
+        """The worker's metrics; None when it refused or failed; the TimeoutError when it answered too late."""
         try:
             async with self.session.get(name + "/metrics", timeout=self.timeout) as resp:
+                if resp.status == 404:  # SGLang without --enable-metrics serves none: up, no figures
+                    return NO_METRICS
                 return parse_metrics(await resp.text()) if resp.status == 200 else None
+        except TimeoutError as exc:
+            return exc
         except _ERRORS:
             return None
 
@@ -57,8 +63,9 @@ class HealthChecker:
         if not due:
             return
         metrics = await self.scrape(base)
+        slow = isinstance(metrics, TimeoutError)
         for name in due:
-            self.pool.apply_metrics(name, metrics)
+            self.pool.apply_metrics(name, None if isinstance(metrics, TimeoutError) else metrics, timed_out=slow)
 
     async def check_all(self) -> None:
         by_server: dict[str, list[str]] = {}

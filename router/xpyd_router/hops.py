@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 
+from xpyd_router.handoff import Handoff, HopFailed
 from xpyd_router.messages import Answer, Reply, Request, Stream, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import Plan, RouteRequest
+from xpyd_router.pairs import Pairs, prompt_tokens
 from xpyd_router.policy_base import first_hop_blocks, prefill_blocks
 from xpyd_router.pool import WorkerPool
-from xpyd_router.protocol import JsonObj, bootstrap_bodies, decode_body, prefill_body, sse_error
-from xpyd_router.replies import BadReply, SseFilter, json_reply, prefill_params
+from xpyd_router.protocol import JsonObj, sse_error
+from xpyd_router.replies import BadReply, SseFilter, json_reply
 from xpyd_router.upstream import Upstream, UpstreamError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -27,27 +29,16 @@ def _host(base_url: str) -> bytes:
     return base_url.split("://", 1)[-1].rsplit(":", 1)[0].encode()
 
 
-class HopFailed(Exception):
-    """A worker failed before the client saw any of its answer: the request may go to another worker.
-
-    The message is for the client (no addresses); `detail` names the worker, for the log.
-    """
-
-    def __init__(self, message: str, detail: str, worker: str, worker_down: bool) -> None:
-        super().__init__(message)
-        self.detail = detail
-        self.worker = worker
-        self.worker_down = worker_down
-
-
 class Exchange:
     """One client request in flight: the stream to the client once its first event is ready."""
 
-    __slots__ = ("out", "request")
+    __slots__ = ("failed_pair", "first_at", "out", "request")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.out: Stream | None = None
+        self.first_at = 0.0  # perf_counter() at the relayed stream's first event
+        self.failed_pair: tuple[str, str] | None = None  # the pair whose handoff failed this request's last try
 
     def open_stream(self) -> Stream:
         out = self.out = self.request.stream(SSE_HEADERS)
@@ -72,14 +63,14 @@ class Hops:
         pool: WorkerPool,
         metrics: RouterMetrics,
         upstream: Upstream,
-        engine: Literal["vllm", "sglang"],
-        bootstrap_port: int,
+        handoff: Handoff,
+        pairs: Pairs | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.upstream = upstream
-        self.engine = engine
-        self.bootstrap_port = bootstrap_port
+        self.handoff = handoff  # how KV moves from prefill to decode (xpyd_router.handoff)
+        self.pairs = pairs  # prefill/decode pair health (xpyd_router.pairs); None: every pair always pairs
 
     def blame(self, worker: str, worker_down: bool, detail: str) -> None:
         """A worker-level failure takes the worker out now; a failed request only counts towards its breaker."""
@@ -95,28 +86,18 @@ class Hops:
             self.metrics.error("breaker_open")
 
     async def run(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool) -> Answer:
+        if ex.failed_pair is not None:  # a retry after a failed handoff
+            self.metrics.handoff_retried(*ex.failed_pair)
+            ex.failed_pair = None
+        if self.pairs is not None:
+            plan = self.pairs.plan(plan)  # a pair cooling off: another decode worker, or direct
         if plan.prefill is None:
             work = first_hop_blocks(plan, req)  # counted on the worker until its first token
             return await self._decode(ex, plan.decode.worker, path, orjson.dumps(body), stream, "direct", work)
-        prefill = plan.prefill.worker
-        uncached = prefill_blocks(plan, req)
-        if self.engine == "sglang":
-            first, second = bootstrap_bodies(body, prefill, self.bootstrap_port)
-            task = asyncio.create_task(self._prefill(prefill, path, first, uncached))
-            try:
-                return await self._decode(ex, plan.decode.worker, path, second, stream, "decode")
-            finally:
-                if not task.done():
-                    task.cancel()
-                outcome: list[object] = await asyncio.gather(task, return_exceptions=True)
-                if isinstance(outcome[0], HopFailed):
-                    self.blame(outcome[0].worker, outcome[0].worker_down, outcome[0].detail)
-        answer = await self._prefill(prefill, path, prefill_body(body), uncached)
-        if isinstance(answer, Reply):
-            return answer
-        return await self._decode(ex, plan.decode.worker, path, decode_body(body, answer), stream, "decode")
+        legs = _Legs(self, ex, path, stream, prefill_blocks(plan, req), plan.prefill.worker, plan.decode.worker)
+        return await self.handoff.run(legs, body, plan.prefill.worker, plan.decode.worker)
 
-    async def _prefill(self, worker: str, path: str, payload: bytes, blocks: int) -> dict[str, Any] | Reply:
+    async def _prefill(self, worker: str, path: str, payload: bytes, blocks: int, parse: Callable[[bytes], Any]) -> Any:
         start = time.perf_counter()
         self.pool.begin(worker, blocks)
         try:
@@ -132,16 +113,13 @@ class Hops:
         self.metrics.hop("prefill", time.perf_counter() - start)
         if not 200 <= resp.status < 300:
             return self._not_ok(worker, "prefill", resp.status, data)
-        if self.engine == "sglang":
-            self.pool.request_ok(worker)
-            return {}
         try:
-            params = prefill_params(data)
+            parsed = parse(data)
         except BadReply as exc:
             detail = f"prefill {worker}: {exc}"
             raise HopFailed("prefill worker sent a malformed reply", detail, worker, False) from None
         self.pool.request_ok(worker)
-        return params
+        return parsed
 
     def _not_ok(self, worker: str, hop: str, status: int, data: bytes) -> Reply:
         """A 4xx is the client's mistake: its explanation goes back (no retry, no blame); else the hop failed."""
@@ -209,7 +187,8 @@ class Hops:
                         self.pool.prefilled(worker, left[0])
                         left[0] = 0
                     out = ex.open_stream()
-                    self.metrics.hop(f"{hop}_first_byte", time.perf_counter() - start)
+                    ex.first_at = time.perf_counter()
+                    self.metrics.hop(f"{hop}_first_byte", ex.first_at - start)
                 await out.write(data)
             sse.finish()
             if out is None:  # finish() passed, so an event was sent; kept for the type checker
@@ -230,3 +209,67 @@ class Hops:
         except ConnectionResetError:  # the client left: closing the upstream cancels its request
             self.metrics.error("client_disconnected")
             return out if out is not None else Reply(499)
+
+
+class _Legs:
+    """One disaggregated request's legs for its handoff (xpyd_router.handoff.base.Legs), and what the
+    pair's metrics and health learn from them (xpyd_router.pairs)."""
+
+    __slots__ = ("blocks", "decoded", "ex", "hops", "pair", "path", "prefilled_at", "stream", "tokens")
+
+    def __init__(
+        self, hops: Hops, ex: Exchange, path: str, stream: bool, blocks: int, prefill: str = "", decode: str = ""
+    ) -> None:
+        self.hops, self.ex, self.path, self.stream, self.blocks = hops, ex, path, stream, blocks
+        self.pair = (prefill, decode)
+        hops.metrics.pair(prefill, decode)
+        self.prefilled_at = 0.0  # perf_counter() when the prefill hop ended well
+        self.tokens = 0  # the prefill reply's usage.prompt_tokens, until counted as handed over
+        self.decoded = False
+
+    async def prefill(self, worker: str, payload: bytes, parse: Callable[[bytes], Any]) -> Any:
+        if self.hops.metrics.kv_bytes_per_token > 0:
+            inner = parse
+
+            def parse(data: bytes) -> Any:
+                parsed = inner(data)
+                self.tokens = prompt_tokens(data)
+                return parsed
+
+        result = await self.hops._prefill(worker, self.path, payload, self.blocks, parse)
+        if not isinstance(result, Reply):
+            self.prefilled_at = time.perf_counter()
+            self._handed()
+        return result
+
+    async def decode(self, worker: str, payload: bytes) -> Answer:
+        hops, ex = self.hops, self.ex
+        ex.first_at = 0.0
+        try:
+            answer = await hops._decode(ex, worker, self.path, payload, self.stream, "decode")
+        except HopFailed as failed:
+            hops.metrics.handoff_failed(*self.pair, "unreachable" if failed.worker_down else "error")
+            ex.failed_pair = self.pair
+            if hops.pairs is not None:
+                hops.pairs.failed(*self.pair, failed.worker_down)
+            raise
+        if answer.status < 300:
+            self.decoded = True
+            self._handed()
+            # The handoff's latency where the router sees one: two hops in sequence, streamed.
+            timed = ex.first_at > 0 and self.prefilled_at > 0 and hops.handoff.name == "nixl"
+            seconds = ex.first_at - self.prefilled_at if timed else None
+            if seconds is not None:
+                hops.metrics.handoff_seconds(*self.pair, seconds)
+            if hops.pairs is not None:
+                hops.pairs.ok(*self.pair, seconds)
+        return answer
+
+    def _handed(self) -> None:
+        """Counts the prompt's KV as handed over once both legs ended well (SGLang's in either order)."""
+        if self.decoded and self.tokens:
+            self.hops.metrics.handoff_tokens(*self.pair, self.tokens)
+            self.tokens = 0
+
+    def blame(self, failed: HopFailed) -> None:
+        self.hops.blame(failed.worker, failed.worker_down, failed.detail)

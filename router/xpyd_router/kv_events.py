@@ -5,7 +5,9 @@ On joining, after a gap in seq, and when seq goes backwards (the engine restarte
 empty), the subscription asks the engine's replay socket (DEALER to its ROUTER) for the batches
 it missed: it sends ["", start_seq] and reads ["", seq, payload] (newer vLLM: ["", topic, seq,
 payload]) until seq -1. Workers are followed level-based from the pool every second; a worker
-whose engine publishes nothing stays modelled in the index.
+whose engine publishes nothing stays modelled in the index. A worker that is a whole data-parallel
+replica (its engine picks the rank) names every rank's sockets: one subscription per rank, each
+rank's view counted into the worker's one entry in the index (replica_index.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from xpyd_router.block_keys import MAX_BLOCK_SIZE
 from xpyd_router.engine_view import EngineView
 from xpyd_router.kv_wire import WireError, decode_batch
 from xpyd_router.pool import WorkerPool
+from xpyd_router.replica_index import RankIndex
+from xpyd_router.targets import split_endpoints, target_name
 
 log = logging.getLogger("xpyd_router.kv_events")
 EVENTS, REPLAY = "kv_events", "kv_replay"  # WorkerState.extra keys: tcp:// endpoints
@@ -124,8 +128,10 @@ class KvEventHub:
         self.pool, self.topic, self.replay_timeout = pool, topic, replay_timeout
         self.retune = retune  # re-derives what counts in blocks (the policy's knobs) for a new block size
         self.ctx = zmq.asyncio.Context()
-        self.subs: dict[str, tuple[tuple[str, str], Subscription, asyncio.Task[None]]] = {}
+        # By subscription: the worker's name, or a replica rank's target name (`URL#dpR`).
+        self.subs: dict[str, tuple[tuple[str, str, str], Subscription, asyncio.Task[None]]] = {}
         self.views: dict[str, EngineView] = {}
+        self.shared: dict[str, dict[int, int]] = {}  # per replica worker: key -> ranks holding it
 
     def adopt(self, block_size: int) -> bool:
         """An engine reports blocks of another size than the router keys by (vLLM picks 64 or 128 for
@@ -149,27 +155,51 @@ class KvEventHub:
             self.retune(block_size)
         return True
 
+    def wanted(self) -> dict[str, tuple[str, str, str]]:
+        """Subscription name -> (worker, events socket, replay socket), one per rank of a replica worker."""
+        out: dict[str, tuple[str, str, str]] = {}
+        for name, worker in self.pool.workers.items():
+            events = split_endpoints(worker.extra.get(EVENTS, ""))
+            replays = split_endpoints(worker.extra.get(REPLAY, ""))
+            if len(events) == 1:
+                out[name] = (name, events[0], replays[0] if replays else "")
+                continue
+            for rank, endpoint in enumerate(events):
+                out[target_name(name, rank)] = (name, endpoint, replays[rank] if rank < len(replays) else "")
+        return out
+
     def sync(self) -> None:
         """Subscribe to new workers, drop gone ones, restart a subscription that failed."""
-        wanted: dict[str, tuple[str, str]] = {}
-        for name, worker in self.pool.workers.items():
-            if worker.extra.get(EVENTS):
-                wanted[name] = (worker.extra[EVENTS], worker.extra.get(REPLAY, ""))
-        for name, (endpoints, _, task) in list(self.subs.items()):
-            if wanted.get(name) != endpoints or task.done():
+        wanted = self.wanted()
+        for key, (spec, _, task) in list(self.subs.items()):
+            if wanted.get(key) != spec or task.done():
                 task.cancel()
-                del self.subs[name]
-                self.views.pop(name, None)
+                del self.subs[key]
+                view = self.views.pop(key, None)
+                if view is not None and isinstance(view.index, RankIndex):
+                    view.index.clear(view.worker)  # this rank's share goes; the other ranks' stays
                 if task.done() and not task.cancelled() and task.exception() is not None:
-                    log.warning("%s: KV event subscription failed: %r", name, task.exception())
-        for name, endpoints in wanted.items():
-            if name not in self.subs:
-                view = self.views[name] = EngineView(name, self.pool.index, self.pool.keys.block_size, self.adopt)
+                    log.warning("%s: KV event subscription failed: %r", key, task.exception())
+        replicas = {spec[0] for key, spec in wanted.items() if key != spec[0]}
+        for name in self.shared.keys() - replicas:
+            del self.shared[name]
+        for key, spec in wanted.items():
+            if key in self.subs:
+                continue
+            name = spec[0]
+            if key == name:
+                view = EngineView(name, self.pool.index, self.pool.keys.block_size, self.adopt)
                 if name in self.pool.index.fed:  # a new subscription rebuilds what the old one knew
                     view.reset()
-                active = functools.partial(operator.contains, self.pool.workers, name)
-                sub = Subscription(self.ctx, *endpoints, self.topic, view, active, self.replay_timeout)
-                self.subs[name] = (endpoints, sub, asyncio.create_task(sub.run(), name=f"kv-events {name}"))
+            else:
+                if name not in self.shared and name in self.pool.index.fed:  # what a lone view left
+                    self.pool.index.clear(name)
+                shared = self.shared.setdefault(name, {})
+                view = EngineView(name, RankIndex(self.pool.index, shared), self.pool.keys.block_size, self.adopt)
+            self.views[key] = view
+            active = functools.partial(operator.contains, self.pool.workers, name)
+            sub = Subscription(self.ctx, spec[1], spec[2], self.topic, view, active, self.replay_timeout)
+            self.subs[key] = (spec, sub, asyncio.create_task(sub.run(), name=f"kv-events {key}"))
 
     async def run(self, _: WorkerPool | None = None, interval: float = SYNC_SECONDS) -> None:
         """The background job: follow the pool until cancelled, then close every socket."""

@@ -4,9 +4,14 @@ vLLM and SGLang send a msgpack batch [ts, events, dp_rank] (vLLM < the map encod
 vllm-project/vllm#42892 and SGLang: every event a tagged array; after it each event is a map
 with a "type" key). Stored: block_hashes, parent_block_hash, token_ids, block_size, lora_id,
 medium, then fields later releases appended (lora_name, extra_keys, group_idx, ...; SGLang may
-put a metadata map 8th). Hashes are 64-bit ints, or bytes when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
-Blocks the router's keys cannot stand for are dropped: LoRA or salted blocks, other media (CPU
-offload tiers), other KV-cache groups (hybrid models).
+put a metadata map 8th). SGLang 0.5.23 sends maps too, with `cache_salt`, `session_id` and `lora_name`
+top-level. Hashes are 64-bit ints, or bytes when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
+A salted block (SGLang's `cache_salt`, vLLM's salt as the first block's only extra key) is keyed
+under its salt (`block_keys.salt_root`): it matches only prompts sent with that salt. Blocks the
+router's keys cannot stand for are dropped: LoRA blocks, other extra keys (media, prompt embeddings),
+other KV-cache groups (hybrid models). A block's medium is its tier: GPU (or none given), or CPU for an
+engine that offloads KV to host memory (vLLM's OffloadingConnector publishes those with their GPU
+block hashes and no tokens); blocks of other media (disk tiers) are dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import msgspec
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
                  "lora_name", "extra_keys", "group_idx")  # fmt: skip
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-_GPU = (None, "GPU")
+GPU, CPU = "GPU", "CPU"  # the media the router keeps: the engine's own blocks and its CPU tier's
+_MEDIA = {None: GPU, "GPU": GPU, "gpu": GPU, "CPU": CPU, "cpu": CPU}
 
 
 class WireError(ValueError):
@@ -32,11 +38,14 @@ class Stored:
     parent: int | None
     tokens: list[int]
     block_size: int
+    salt: str | None = None  # the request's cache_salt (read for a chain's first block: the rest chain on it)
+    medium: str = GPU  # the tier that now holds the blocks: GPU, or CPU (offloaded)
 
 
 @dataclass(frozen=True, slots=True)
 class Removed:
     hashes: list[int]
+    medium: str = GPU  # the tier that no longer holds them
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +77,27 @@ def _fields(event: Any, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
     raise WireError(f"not a tagged KV event: {str(event)[:80]}")
 
 
+def _salt(f: dict[str, Any]) -> tuple[bool, str | None]:
+    """(keyable, salt) of a stored block run: unkeyable when its extra keys are more than a salt.
+
+    vLLM publishes one extra-keys entry per block: its LoRA name, media pairs, the salt (the first
+    block of a prompt only) and prompt-embedding digests, untagged; a first block whose only key is
+    one string is salted by it (were it a lone embedding digest, no prompt's salt would match it)."""
+    salt = f.get("cache_salt") or (f.get("metadata") or {}).get("cache_salt")
+    extra: list[Any] = list(f.get("extra_keys") or ())
+    if all(k is None for k in extra):
+        return True, str(salt) if salt else None
+    head, rest = extra[0], extra[1:]
+    lone = isinstance(head, list | tuple) and len(head) == 1 and isinstance(head[0], str) and bool(head[0])
+    if f.get("parent_block_hash") is None and lone and all(k is None for k in rest) and not salt:
+        return True, str(head[0])
+    return False, None
+
+
 def _usable(f: dict[str, Any]) -> bool:
-    """Blocks of the base model, on the GPU, in the first KV-cache group, without salt or extra keys."""
-    extra = f.get("extra_keys") or ()
-    salted = bool((f.get("metadata") or {}).get("cache_salt"))
-    return (f.get("medium") in _GPU and f.get("group_idx") in (None, 0) and f.get("lora_id") is None
-            and f.get("lora_name") is None and not salted and all(k is None for k in extra))  # fmt: skip
+    """Blocks of the base model, on the GPU or its CPU tier, in the first KV-cache group."""
+    return (_MEDIA.get(f.get("medium")) is not None and f.get("group_idx") in (None, 0) and f.get("lora_id") is None
+            and f.get("lora_name") is None)  # fmt: skip
 
 
 class _Event(msgspec.Struct, array_like=True, tag=True, gc=False):
@@ -123,25 +147,32 @@ def decode_batch(payload: bytes) -> list[KvEvent]:
     out: list[KvEvent] = []
     for e in typed:
         if type(e) is _Removed:
-            if e.medium in _GPU and e.group_idx in (None, 0):
+            medium = _MEDIA.get(e.medium)
+            if medium is not None and e.group_idx in (None, 0):
                 hashes = _ints(e.block_hashes)
-                if out and type(out[-1]) is Removed:
-                    out[-1].hashes.extend(hashes)  # vLLM sends a BlockRemoved per block: one apply per run
+                last = out[-1] if out else None
+                if type(last) is Removed and last.medium == medium:
+                    last.hashes.extend(hashes)  # vLLM sends a BlockRemoved per block: one apply per run
                 else:
-                    out.append(Removed(hashes))
+                    out.append(Removed(hashes, medium))
         elif type(e) is _Stored:
             if _usable_stored(e):
                 parent = e.parent_block_hash
-                out.append(Stored(_ints(e.block_hashes), None if parent is None else block_hash(parent), e.token_ids,
-                                  e.block_size))  # fmt: skip
+                keyable, salt = (
+                    (True, None)
+                    if e.extra_keys is None
+                    else _salt({"extra_keys": e.extra_keys, "parent_block_hash": parent})
+                )
+                if keyable:
+                    out.append(Stored(_ints(e.block_hashes), None if parent is None else block_hash(parent),
+                                      e.token_ids, e.block_size, salt, _MEDIA[e.medium]))  # fmt: skip
         else:
             out.append(Cleared())
     return out
 
 
 def _usable_stored(e: _Stored) -> bool:
-    return (e.medium in _GPU and e.group_idx in (None, 0) and e.lora_id is None and e.lora_name is None
-            and all(k is None for k in e.extra_keys or ()))  # fmt: skip
+    return e.medium in _MEDIA and e.group_idx in (None, 0) and e.lora_id is None and e.lora_name is None
 
 
 def _ints(hashes: list[Any]) -> list[int]:
@@ -169,15 +200,19 @@ def _event(event: Any) -> KvEvent | None:
     tag = event[0] if isinstance(event, list) and event else event.get("type") if isinstance(event, dict) else None
     if tag == "BlockStored":
         _, f = _fields(event, STORED_FIELDS)
-        if not _usable(f):
+        keyable, salt = _salt(f)
+        if not _usable(f) or not keyable:
             return None
         parent = f.get("parent_block_hash")
         hashes = [block_hash(h) for h in f["block_hashes"]]
-        return Stored(hashes, None if parent is None else block_hash(parent), f["token_ids"], int(f["block_size"]))
+        tokens, size = f["token_ids"], int(f["block_size"])
+        medium = _MEDIA[f.get("medium")]
+        return Stored(hashes, None if parent is None else block_hash(parent), tokens, size, salt, medium)
     if tag == "BlockRemoved":
         _, f = _fields(event, REMOVED_FIELDS)
-        usable = f.get("medium") in _GPU and f.get("group_idx") in (None, 0)
-        return Removed([block_hash(h) for h in f["block_hashes"]]) if usable else None
+        tier = _MEDIA.get(f.get("medium"))
+        usable = tier is not None and f.get("group_idx") in (None, 0)
+        return Removed([block_hash(h) for h in f["block_hashes"]], tier) if usable and tier else None
     if tag == "AllBlocksCleared":
         return Cleared()
     if not isinstance(tag, str):

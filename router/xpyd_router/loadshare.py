@@ -31,9 +31,10 @@ import contextlib
 import hashlib
 import ipaddress
 import logging
+import ssl
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -41,6 +42,7 @@ import orjson
 
 from xpyd_router.access import ApiKey
 from xpyd_router.messages import Reply, Request
+from xpyd_router.model import RouterContext
 from xpyd_router.pool import WorkerPool
 
 TEXT = "text/plain; charset=utf-8"
@@ -86,8 +88,10 @@ class LoadShare:
         peers: list[str],
         interval: float = 0.1,
         stale_after: float = 5.0,
-        api_key: str | None = None,
+        api_key: str | Sequence[str] | None = None,
         source: str | None = None,
+        key_file: str | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self.pool = pool
         # the address the polls leave from: the one this replica serves on, so that a peer that checks
@@ -95,8 +99,9 @@ class LoadShare:
         # would otherwise all poll from its first address); None: the system picks
         self.source = source
         self.peers: list[str] = []
-        self.access = ApiKey(api_key)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.access = ApiKey(api_key, key_file)  # follows --api-key-file: keys rotate under a running router
+        self._key_at: dict[str, int] = {}  # peer -> which of the keys it last took (the next one after a 401)
+        self.tls = tls  # the peers' client context (HTTPS), current after a certificate reload; None: HTTP
         self.interval = interval
         self.stale_s = stale_after * interval
         self.reports: dict[str, tuple[float, dict[str, list[int]]]] = {}  # peer -> (when, worker -> counts)
@@ -106,7 +111,7 @@ class LoadShare:
         self._logged = 0  # block keys in the log
         self.since: dict[str, int] = {}  # peer -> the last of its routes this replica has
         self.learnt = 0  # (route, worker) pairs of the peers' recorded in the index
-        self.routes_flowing = False  # every peer's replies carried routes lately (the policy's routes_shared)
+        self.routes_flowing = False  # every peer's replies carried routes lately (the policy context's routes_shared)
         self._ids: dict[str, str] = {}  # worker name -> worker_id (hashed once)
         self._hosts: set[str] = set()  # the peers' hosts: who may read the routes when there is no key
         self._far: set[str] = set()  # peers polled from the system's address (see set_peers)
@@ -155,7 +160,8 @@ class LoadShare:
         return out
 
     def learn(self, routes: object) -> None:
-        """Record a peer's routes in this replica's index, as it records its own; malformed ones are skipped."""
+        """Record a peer's routes in this replica's index, as it records its own (entries of source
+        `peer`); malformed ones are skipped."""
         if not isinstance(routes, list):
             return
         names = {self._id(n): n for n in self.pool.workers}
@@ -173,15 +179,18 @@ class LoadShare:
             for wid in ids:
                 name = names.get(wid) if isinstance(wid, str) else None
                 if name is not None:
-                    index.record(name, blocks)
+                    index.record_peer(name, blocks)
                     self.learnt += 1
 
     def set_peers(self, peers: list[str]) -> None:
         """The current peers (from discovery); reports of peers that left are dropped."""
         self.peers = [p.rstrip("/") for p in peers]
+        if self.tls is not None:  # replicas serving HTTPS are polled over it (discovery names http:// URLs)
+            self.peers = ["https://" + p.removeprefix("http://") if p.startswith("http://") else p for p in self.peers]
         self.reports = {p: r for p, r in self.reports.items() if p in self.peers}
         self.since = {p: s for p, s in self.since.items() if p in self.peers}
         self.routed = {p: t for p, t in self.routed.items() if p in self.peers}
+        self._key_at = {p: i for p, i in self._key_at.items() if p in self.peers}
         self._hosts = {urlsplit(p).hostname or "" for p in self.peers}
         # polls leave from this replica's own address, except from a loopback one to a peer elsewhere
         # (a router listening on 127.0.0.1 could not reach it from there)
@@ -192,8 +201,12 @@ class LoadShare:
             self.log.clear()
             self._logged = 0
             self.apply(time.monotonic())
-        if hasattr(self.pool.policy, "replicas"):  # the kv-aware policy sticks prefixes only with a shared index
-            self.pool.policy.replicas = len(self.peers) + 1
+        self._tell_policy()
+
+    def _tell_policy(self) -> None:
+        """The policy's context: how many replicas route to these workers, and whether every peer passes
+        on its routes (the kv-aware policy lets prefixes stick only where the replicas' indexes agree)."""
+        self.pool.policy.set_context(RouterContext(replicas=len(self.peers) + 1, routes_shared=self.routes_flowing))
 
     async def handle(self, request: Request) -> Reply:
         if not self.access.allows(request.header("Authorization")):
@@ -220,8 +233,7 @@ class LoadShare:
         self.routes_flowing = bool(self.peers) and all(
             now - self.routed.get(p, -1e18) <= self.stale_s for p in self.peers
         )
-        if hasattr(self.pool.policy, "routes_shared"):
-            self.pool.policy.routes_shared = self.routes_flowing
+        self._tell_policy()
         fresh = [counts for when, counts in self.reports.values() if now - when <= self.stale_s]
         for name, worker in self.pool.workers.items():
             inflight = blocks = 0
@@ -237,10 +249,20 @@ class LoadShare:
         """The session that polls the peer: from this replica's own address, or the system's (`_far`)."""
         return plain if peer in self._far else bound
 
+    def _headers(self, peer: str) -> dict[str, str]:
+        """The bearer for `peer`: one of this replica's keys, the one it last took (keys rotate one by one)."""
+        keys = self.access.keys
+        if not keys:
+            return {}
+        return {"Authorization": f"Bearer {keys[self._key_at.get(peer, 0) % len(keys)]}"}
+
     async def _poll(self, session: aiohttp.ClientSession, peer: str) -> None:
         url = f"{peer}{PATH}?since={self.since.get(peer, -1)}"  # -1: no routes yet, only where they stand
+        trust: ssl.SSLContext | bool = self.tls() if self.tls is not None and peer.startswith("https:") else True
         try:
-            async with session.get(url, headers=self._headers) as resp:
+            async with session.get(url, headers=self._headers(peer), ssl=trust) as resp:
+                if resp.status == 401:  # mid-rotation the peer holds another key: try the next one
+                    self._key_at[peer] = self._key_at.get(peer, 0) + 1
                 if resp.status != 200:
                     return
                 body = bytearray()

@@ -11,7 +11,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from xpyd_api import metric_names as names
 
+# Prompt blocks routed to a worker that holds them in its CPU tier after its GPU-held prefix (reloaded,
+# not recomputed, as far as the index can tell); the GPU tier's are the `cached="true"` prompt blocks.
+ROUTER_CPU_TIER_BLOCKS = "xpyd_router_cpu_tier_blocks_total"
+
 _HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A KV handoff: ~1 ms (NVLink, a short prompt) to seconds (a first NIXL handshake, a long prompt over RDMA).
+_HANDOFF_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_PAIR = ["deployment", "prefill", "decode"]  # per prefill/decode pair: P x D series at most
 
 
 class _Flush:
@@ -117,6 +124,7 @@ class RouterMetrics:
         r.register(_Flush(self.flush))
         self._counts: dict[tuple[str, ...], int] = {}  # (series, *labels) -> increments not applied yet
         self._hop_counts: dict[str, list[float]] = {}  # hop -> [count per bucket..., sum] not applied yet
+        self._pair_counts: dict[tuple[str, str], list[float]] = {}  # (prefill, decode) -> the same, handoffs
         self.requests = Counter(
             names.ROUTER_REQUESTS, "Client requests by endpoint and status code.",
             ["deployment", "endpoint", "code"], registry=r,
@@ -133,6 +141,12 @@ class RouterMetrics:
         self.prefix_blocks = Counter(
             names.ROUTER_PROMPT_BLOCKS, "Prompt blocks routed, by whether the index expected a cache hit.",
             ["deployment", "cached"], registry=r,
+        )  # fmt: skip
+        self.cpu_tier_blocks = Counter(
+            ROUTER_CPU_TIER_BLOCKS,
+            "Prompt blocks routed to a worker holding them in its CPU tier (KV offloading) after its "
+            "GPU-held prefix: expected reloads over the host link instead of recomputes.",
+            ["deployment"], registry=r,
         )  # fmt: skip
         self.prefix_hit_ratio = Gauge(
             names.ROUTER_PREFIX_HIT_RATIO, "Estimated prefix cache hit ratio of routed prompt blocks.",
@@ -162,8 +176,47 @@ class RouterMetrics:
             "label tokenizer: the --tokenizer asked for.",
             ["deployment", "tokenizer"], registry=r,
         )  # fmt: skip
+        self.handoff_latency = Histogram(
+            names.ROUTER_HANDOFF_LATENCY,
+            "KV handoff latency per prefill/decode pair: from the prefill hop's end to the decode hop's first "
+            "byte; streamed requests over two hops (vLLM's NIXL) only: a non-streamed one has no first token "
+            "the router sees, and SGLang's legs overlap.",
+            _PAIR, buckets=_HANDOFF_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.handoff_bytes = Counter(
+            names.ROUTER_HANDOFF_BYTES,
+            "KV bytes handed over per pair: the prefill reply's usage.prompt_tokens x --kv-bytes-per-token "
+            "(no series without it); an upper bound, as a decode worker's own prefix hits are not pulled.",
+            _PAIR, registry=r,
+        )  # fmt: skip
+        self.handoff_failures = Counter(
+            names.ROUTER_HANDOFF_FAILURES,
+            "Decode legs that failed after their prefill succeeded (SGLang: beside it), per pair, by stage: "
+            "unreachable (refused, reset, timed out) or error (5xx or malformed before the first token).",
+            [*_PAIR, "stage"], registry=r,
+        )  # fmt: skip
+        self.handoff_retries = Counter(
+            names.ROUTER_HANDOFF_RETRIES, "Requests retried on other workers after their pair's handoff failed.",
+            _PAIR, registry=r,
+        )  # fmt: skip
+        self.pairs_cooling = Gauge(
+            names.ROUTER_PAIRS_COOLING, "Prefill/decode pairs out of pairing for a cool-off (not their workers).",
+            ["deployment"], registry=r,
+        )  # fmt: skip
+        self.pair_trips = Counter(
+            names.ROUTER_PAIR_TRIPS,
+            "Pairs taken out of pairing, by reason: failures (handoffs failed in a row) or slow "
+            "(handoffs over --handoff-slow-seconds in a row).",
+            [*_PAIR, "reason"], registry=r,
+        )  # fmt: skip
+        self.kv_bytes_per_token = 0  # --kv-bytes-per-token; 0: no bytes series
+        self._pair_children: dict[tuple[str, ...], Counter] = {}
+        self._pair_hists: dict[tuple[str, str], Histogram] = {}
+        self._pairs_seen: set[tuple[str, str]] = set()
+        self._new_pairs: list[tuple[str, str]] = []  # pairs whose series a scrape is to create (at zero)
         self._hits = self._flushed_hits = 0
         self._blocks = self._flushed_blocks = 0
+        self._offloaded = self._flushed_offloaded = 0
         # Bound children by label values: labels() costs microseconds on every request otherwise.
         self._hops: dict[str, Histogram] = {}
         self._decisions: dict[tuple[str, str], Counter] = {}
@@ -172,6 +225,7 @@ class RouterMetrics:
         self._cached = self.prefix_blocks.labels(deployment, "true")
         self._uncached = self.prefix_blocks.labels(deployment, "false")
         self._ratio = self.prefix_hit_ratio.labels(deployment)
+        self._cpu_tier = self.cpu_tier_blocks.labels(deployment)
         self.inflight_now = self.inflight.labels(deployment)
 
     def hop(self, hop: str, seconds: float) -> None:
@@ -180,6 +234,55 @@ class RouterMetrics:
             counts = self._hop_counts[hop] = [0.0] * (len(_HOP_BUCKETS) + 2)
         counts[bisect_left(_HOP_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
         counts[-1] += seconds
+
+    def pair(self, prefill: str, decode: str) -> None:
+        """A handoff between the two begins: the pair's series exist from then on (at zero until counted),
+        so a dashboard's failure panel shows 0 rather than nothing."""
+        if (prefill, decode) not in self._pairs_seen:
+            self._pairs_seen.add((prefill, decode))
+            self._new_pairs.append((prefill, decode))
+
+    def _create_pair(self, prefill: str, decode: str) -> None:
+        d = self.deployment
+        self._pair_hists.setdefault((prefill, decode), self.handoff_latency.labels(d, prefill, decode))
+        for key in (("failure", prefill, decode, "unreachable"), ("failure", prefill, decode, "error"),
+                    ("retry", prefill, decode)):  # fmt: skip
+            self._pair_child(key)
+        if self.kv_bytes_per_token > 0:
+            self._pair_child(("bytes", prefill, decode))
+        for reason in ("failures", "slow"):
+            self.pair_trips.labels(d, prefill, decode, reason)
+
+    def handoff_seconds(self, prefill: str, decode: str, seconds: float) -> None:
+        """One pair's handoff latency, batched like `hop`."""
+        counts = self._pair_counts.get((prefill, decode))
+        if counts is None:
+            counts = self._pair_counts[prefill, decode] = [0.0] * (len(_HANDOFF_BUCKETS) + 2)
+        counts[bisect_left(_HANDOFF_BUCKETS, seconds)] += 1
+        counts[-1] += seconds
+
+    def handoff_tokens(self, prefill: str, decode: str, tokens: int) -> None:
+        """A pair handed over `tokens` prompt tokens' KV (counted in bytes when the bytes per token are known)."""
+        if self.kv_bytes_per_token > 0 and tokens > 0:
+            self._count(("bytes", prefill, decode), tokens * self.kv_bytes_per_token)
+
+    def handoff_failed(self, prefill: str, decode: str, stage: str) -> None:
+        self._count(("failure", prefill, decode, stage))
+
+    def handoff_retried(self, prefill: str, decode: str) -> None:
+        self._count(("retry", prefill, decode))
+
+    def pair_tripped(self, prefill: str, decode: str, reason: str) -> None:
+        """Rare (a trip): applied at once."""
+        self.pair_trips.labels(self.deployment, prefill, decode, reason).inc()
+
+    def _pair_child(self, key: tuple[str, ...]) -> Counter:
+        child = self._pair_children.get(key)
+        if child is None:
+            kind, *labels = key
+            family = {"bytes": self.handoff_bytes, "failure": self.handoff_failures, "retry": self.handoff_retries}
+            child = self._pair_children[key] = family[kind].labels(self.deployment, *labels)
+        return child
 
     def _count(self, key: tuple[str, ...], n: int = 1) -> None:
         counts = self._counts
@@ -194,22 +297,29 @@ class RouterMetrics:
     def handoff(self, path: str) -> None:
         self._count(("handoff", path))
 
-    def prompt(self, blocks: int, hit: int) -> None:
+    def prompt(self, blocks: int, hit: int, offloaded: int = 0) -> None:
+        """A routed prompt of `blocks` blocks: `hit` on its worker's GPU, `offloaded` more on its CPU tier."""
         if blocks <= 0:
             return
         self._hits += hit
         self._blocks += blocks
+        self._offloaded += offloaded
 
     def flush(self) -> None:
         """Apply the batched counts to the series (a scrape calls this through the registry)."""
+        new, self._new_pairs = self._new_pairs, []
+        for prefill, decode in new:
+            self._create_pair(prefill, decode)
         counts, self._counts = self._counts, {}
         for (kind, *labels), n in counts.items():
             if kind == "decision":
                 self._decision_child(labels[0], labels[1]).inc(n)
             elif kind == "request":
                 self._request_child(labels[0], labels[1]).inc(n)
-            else:
+            elif kind == "handoff":
                 self._handoff_child(labels[0]).inc(n)
+            else:
+                self._pair_child((kind, *labels)).inc(n)
         hops, self._hop_counts = self._hop_counts, {}
         for hop, per_bucket in hops.items():
             child = self._hops.get(hop)
@@ -219,12 +329,24 @@ class RouterMetrics:
                 if seen:
                     child._buckets[i].inc(seen)  # what Histogram.observe does, `seen` observations at once
             child._sum.inc(per_bucket[-1])
+        pairs, self._pair_counts = self._pair_counts, {}
+        for pair, per_bucket in pairs.items():
+            hist = self._pair_hists.get(pair)
+            if hist is None:
+                hist = self._pair_hists[pair] = self.handoff_latency.labels(self.deployment, *pair)
+            for i, seen in enumerate(per_bucket[:-1]):
+                if seen:
+                    hist._buckets[i].inc(seen)
+            hist._sum.inc(per_bucket[-1])
         cached, self._flushed_hits = self._hits - self._flushed_hits, self._hits
         total, self._flushed_blocks = self._blocks - self._flushed_blocks, self._blocks
         if total:
             self._cached.inc(cached)
             self._uncached.inc(total - cached)
             self._ratio.set(self._hits / self._blocks)
+        offloaded, self._flushed_offloaded = self._offloaded - self._flushed_offloaded, self._offloaded
+        if offloaded:
+            self._cpu_tier.inc(offloaded)
 
     def _decision_child(self, role: str, reason: str) -> Counter:
         child = self._decisions.get((role, reason))

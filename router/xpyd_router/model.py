@@ -32,6 +32,7 @@ class WorkerState:
     draining: bool = False  # leaving: finishes what it has, gets nothing new
     healthy: bool = True
     failures: int = 0  # consecutive requests that failed on this worker (the circuit breaker's count)
+    slow_scrapes: int = 0  # consecutive /metrics scrapes that timed out (a busy engine answers late)
     held_until: float = 0.0  # monotonic time before which no probe may bring it back
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -44,6 +45,9 @@ class WorkerState:
     def work(self) -> int:
         """Uncached prompt blocks the router replicas sent it that it is still computing."""
         return self.inflight_blocks + self.peer_blocks
+
+
+Workers = Sequence[WorkerState]  # a hop's candidates, in the order the pool lists them
 
 
 @dataclass(frozen=True)
@@ -79,23 +83,28 @@ class NoWorker(Exception):
         self.role = role
 
 
+@dataclass(frozen=True)
+class RouterContext:
+    """What a policy is told from outside the request: the router replicas routing to the same workers.
+
+    Discovery (or `--peers`) counts the replicas and the route exchange says whether every peer is
+    passing on its routes (loadshare.py); the simulator says both as a cluster would. A policy whose
+    choice depends on whether the replicas' indexes agree (the kv-aware one lets prefixes stick only
+    then) reads it; the others ignore it."""
+
+    replicas: int = 1  # router replicas routing to the same workers, this one included
+    routes_shared: bool = False  # every peer passes this replica its routes (their guesses are in its index)
+
+
 class Policy(Protocol):
+    """What the pool asks of a routing policy: a plan per request, and the context it routes in."""
+
     name: str
 
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision: ...
+    def set_context(self, context: RouterContext) -> None: ...
 
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision: ...
+    def choose_prefill(self, req: RouteRequest, workers: Workers, index: PrefixIndex) -> Decision:
+        """The first hop alone (a prefill, or the one hop of a co-located pool), as `plan` would choose it."""
 
-    def plan(
-        self,
-        req: RouteRequest,
-        prefill_workers: Sequence[WorkerState],
-        decode_workers: Sequence[WorkerState],
-        index: PrefixIndex,
-    ) -> Plan: ...
+    def plan(self, req: RouteRequest, prefill_workers: Workers, decode_workers: Workers, index: PrefixIndex) -> Plan:
+        """Where the request goes, from the ready workers of each pool (no prefill worker: one hop)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from xpyd_router.model import Decision, NoWorker, Plan, Policy, RouteRequest, WorkerState
+from xpyd_router.model import Decision, NoWorker, Plan, Policy, RouterContext, RouteRequest, WorkerState
 from xpyd_router.policy_base import kv_path, record
-from xpyd_router.policy_kv import KvAwareConfig, KvAwarePolicy
+from xpyd_router.policy_kv import DEFAULT_SCORERS, BreakEvenDecider, KvAwareConfig, KvAwarePolicy, LoadBound
+from xpyd_router.policy_parts import Disaggregate, Filter, PdDecider, Scorer, ScorerWeight
 from xpyd_router.policy_simple import LeastLoadedPolicy, RoundRobinPolicy
 from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.scorers import SCORERS
 
 POLICIES: dict[str, Callable[[], Policy]] = {
     "kv-aware": KvAwarePolicy,
@@ -26,15 +28,25 @@ def make_policy(name: str) -> Policy:
 
 
 __all__ = [
+    "DEFAULT_SCORERS",
     "POLICIES",
+    "SCORERS",
+    "BreakEvenDecider",
     "Decision",
+    "Disaggregate",
+    "Filter",
     "KvAwareConfig",
     "KvAwarePolicy",
+    "LoadBound",
     "NoWorker",
+    "PdDecider",
     "Plan",
     "Policy",
     "PrefixIndex",
     "RouteRequest",
+    "RouterContext",
+    "Scorer",
+    "ScorerWeight",
     "WorkerState",
     "kv_path",
     "make_policy",

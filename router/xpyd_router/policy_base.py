@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xpyd_router.hashing import rendezvous
-from xpyd_router.model import Decision, KvPath, NoWorker, Plan, RouteRequest, WorkerState
+from xpyd_router.model import Decision, KvPath, NoWorker, Plan, RouterContext, RouteRequest, Workers, WorkerState
+from xpyd_router.policy_parts import Disaggregate, PdDecider, RouteView
 from xpyd_router.prefix_index import PrefixIndex
 
 
@@ -40,12 +41,29 @@ def tie_break(key: int, names: list[str]) -> str:
 
 
 class BasePolicy:
-    """Two hops (prefill, then decode) when a prefill pool exists, else one hop on the other pool."""
+    """Two hops (prefill, then decode) when a prefill pool exists, else one hop on the other pool.
+
+    A policy implements `pick_prefill` (also the one hop of a co-located pool) and `pick_decode`, and
+    may set `decider` (a `PdDecider`: whether a request skips prefill). The pool sets its context
+    (`set_context`: the router replicas); `choose_prefill` / `choose_decode` ask one hop alone."""
 
     name = "base"
+    decider: PdDecider = Disaggregate()
+    context = RouterContext()
+
+    def set_context(self, context: RouterContext) -> None:
+        self.context = context
+
+    def pick_prefill(self, view: RouteView, workers: Sequence[WorkerState]) -> Decision:
+        raise NotImplementedError
+
+    def pick_decode(self, view: RouteView, workers: Sequence[WorkerState], prefill: WorkerState | None) -> Decision:
+        raise NotImplementedError
 
     def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        raise NotImplementedError
+        if not workers:
+            raise NoWorker("prefill")
+        return self.pick_prefill(RouteView(req, index, self.context), workers)
 
     def choose_decode(
         self,
@@ -54,24 +72,24 @@ class BasePolicy:
         prefill: WorkerState | None,
         index: PrefixIndex,
     ) -> Decision:
-        raise NotImplementedError
+        if not workers:
+            raise NoWorker("decode")
+        return self.pick_decode(RouteView(req, index, self.context), workers, prefill)
 
-    def plan(
-        self,
-        req: RouteRequest,
-        prefill_workers: Sequence[WorkerState],
-        decode_workers: Sequence[WorkerState],
-        index: PrefixIndex,
-    ) -> Plan:
+    def plan(self, req: RouteRequest, prefill_workers: Workers, decode_workers: Workers, index: PrefixIndex) -> Plan:
         if not decode_workers:
             raise NoWorker("decode" if prefill_workers else "worker")
-        prefill_workers = pairable(prefill_workers, decode_workers)
+        view = RouteView(req, index, self.context)
+        prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
         if not prefill_workers:
             # Co-located pool (or no prefill worker with a decode of its engine): one hop, chosen like a prefill.
-            return Plan(decode=self.choose_prefill(req, decode_workers, index))
-        first = self.choose_prefill(req, prefill_workers, index)
+            return Plan(decode=self.pick_prefill(view, decode_workers))
+        direct = self.decider.direct(view, prefill_workers, decode_workers)
+        if direct is not None:
+            return Plan(decode=direct)
+        first = self.pick_prefill(view, prefill_workers)
         prefill = find(prefill_workers, first.worker)
-        second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)
+        second = self.pick_decode(view, partners(decode_workers, prefill), prefill)
         return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))
 
 

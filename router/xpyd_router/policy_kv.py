@@ -17,8 +17,8 @@ uncached blocks there: a worker holding part of the prompt costs less), the same
 given the shared counts, instead of being spread over the pool by small load differences, which copies it
 into every cache and, with caches smaller than the working set, evicts what the other prefixes
 needed. Stickiness needs an index the replicas share: with KV events every replica sees the
-engines' caches, and replicas that pass each other their routes (loadshare.py; `routes_shared`)
-record the same guesses; a replica that knows only its own routes and has peers (`replicas` > 1)
+engines' caches, and replicas that pass each other their routes (loadshare.py; `RouterContext.routes_shared`)
+record the same guesses; a replica that knows only its own routes and has peers (`RouterContext.replicas` > 1)
 uses `load_factor` alone, since each replica's private index would pin prefixes to different
 workers and pile load where the others cannot see why (simulated: 2 replicas on the chat shape
 fell to 37% hit, 46% SLO with stickiness, 68% / 95% without; bench/results/cache-replicas.md).
@@ -32,19 +32,28 @@ bench/results/cache-suite.md; the ratio keeps wide-EP decode ranks' ITL p99 wher
 bench/results/dp-ranks.md). The trade-off was chosen
 on the workload suite of bench/cache (chat, RAG, agents, the shared traces; caches larger and
 smaller than the working set): bench/results/cache-suite.md.
+
+The policy is composed of the parts of policy_parts.py: the order is the scorers of
+`KvAwareConfig.scorers` (`prefix`, `recent`, `rendezvous`: xpyd_router/scorers/), the bounds are
+the filter `LoadBound`, the straight-to-decode rule is the P/D decider `BreakEvenDecider`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from xpyd_router.hashing import weight
-from xpyd_router.model import Decision, NoWorker, Plan, RouteRequest, WorkerState
-from xpyd_router.policy_base import BasePolicy, find, kv_path, pairable, partners, tie_break
+from xpyd_router.model import Decision, WorkerState
+from xpyd_router.policy_base import BasePolicy, tie_break
+from xpyd_router.policy_parts import Filter, Ranked, RouteView, Scorer, ScorerWeight, rank
 from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.scorers import make_scorers
 
 BLOCK_TOKENS = 64  # the block size the knobs' block counts assume
+# The first hop's order: cached prefix, then the fewest blocks taken lately (where the replicas share
+# the picture), then the rendezvous weight of the request's key (xpyd_router/scorers/).
+DEFAULT_SCORERS = (ScorerWeight("prefix"), ScorerWeight("recent"), ScorerWeight("rendezvous"))
 
 
 @dataclass
@@ -64,6 +73,7 @@ class KvAwareConfig:
     direct_max_blocks: int = 64  # when that is at most this many blocks (lead 0: never)
     kv_weight: float = 4.0  # decode score = load + kv_weight x KV usage
     domain_slack: float = 2.0  # accept a same-domain decode worker up to this much busier
+    scorers: tuple[ScorerWeight, ...] = DEFAULT_SCORERS  # the first hop's order, by name (scorers.SCORERS)
 
     def for_blocks(self, tokens_per_block: float) -> KvAwareConfig:
         """The same knobs for blocks of another size: the counts above are of 64-token blocks (the
@@ -79,80 +89,45 @@ class KvAwareConfig:
         )
 
 
-class KvAwarePolicy(BasePolicy):
-    name = "kv-aware"
+class LoadBound:
+    """The filter of the kv-aware first hop: keeps the workers within their bounds on load.
 
-    def __init__(self, config: KvAwareConfig | None = None) -> None:
-        self.config = config or KvAwareConfig()
-        self.replicas = 1  # router replicas routing to the same workers (this one included); set by discovery
-        self.routes_shared = False  # every peer passes this replica its routes (set by the exchange)
+    In-flight requests below `load_factor` x the pool's mean (+ `load_slack`) and in-flight uncached
+    prompt blocks, this request's included, within `load_factor` x their mean (+ `work_slack`). The
+    ranking's first worker gets `stick_factor` instead when its lead over the runner-up is
+    `stick_blocks` or `stick_share` of the prompt and the replicas share the index, or the hot-spot
+    bound `hot_stick_factor` while it took more than `hot_recent` x the pool's mean lately."""
 
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        matches = index.match(req.blocks) if req.blocks else {}
-        return self._prefill(req, workers, matches, self._shared(index), index)
+    def __init__(self, config: KvAwareConfig) -> None:
+        self.config = config
 
-    def _shared(self, index: PrefixIndex) -> bool:
-        """Whether every replica sees this index alike: one replica, caches told by the engines' events,
-        or every replica's routes recorded by all."""
-        return self.replicas <= 1 or self.routes_shared or bool(index.fed)
-
-    def _prefill(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        matches: Mapping[str, int],
-        sticky: bool,
-        index: PrefixIndex,
-    ) -> Decision:
-        if not workers:
-            raise NoWorker("prefill")
-        if len(workers) == 1:
-            only = workers[0]
-            return Decision(only.name, "prefix" if matches.get(only.name) else "load", matches.get(only.name, 0))
+    def admits(self, ranked: Ranked) -> Callable[[int], bool]:
         cfg = self.config
-        key = req.key
+        view, workers, hits = ranked.view, ranked.workers, ranked.hits
         n = len(workers)
-        size = len(req.blocks)
+        size = len(view.req.blocks)
         load = work = 0.0
         for w in workers:
             load += w.load
             work += w.work
-        # Equal prefixes: the worker that took the fewest blocks lately first, where the replicas see
-        # the same caches; then the rendezvous order.
-        ranked = sorted(
-            (
-                (matches.get(w.name, 0), -index.recent(w.name) if sticky else 0, weight(key, w.name), i)
-                for i, w in enumerate(workers)
-            ),
-            reverse=True,
-        )
         # the request itself counts, so an idle pool still has room for it on each worker
-        mean_load, mean_work = (load + 1.0) / n, (work + size - ranked[0][0]) / n
-        factor = cfg.load_factor
-        lead = ranked[0][0] - ranked[1][0]
-        if sticky and lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only this one holds it
-            factor = self._stick_factor(workers, workers[ranked[0][3]].name, index)
-        spill = None
-        for i, (hit, _, _, at) in enumerate(ranked):
-            w = workers[at]
-            if (
-                w.load < factor * mean_load + cfg.load_slack
-                and w.work + size - hit <= factor * mean_work + cfg.work_slack
-            ):
-                if not i:
-                    return Decision(w.name, "prefix" if hit else "affinity", hit)
-                cost = w.work + size - hit
-                if spill is None or cost < spill[0]:
-                    spill = (cost, w.name, hit)
-            factor = cfg.load_factor
-        if spill is not None:
-            return Decision(spill[1], "spill", spill[2])
-        # every worker is over its bounds: of the least loaded (within the slack), the one caching most
-        least = min(w.load for w in workers) + cfg.load_slack
-        hit, _, _, at = next(r for r in ranked if workers[r[3]].load <= least)
-        return Decision(workers[at].name, "load", hit)
+        mean_load, mean_work = (load + 1.0) / n, (work + size - hits[0]) / n
+        first = cfg.load_factor
+        lead = hits[0] - (hits[1] if n > 1 else 0)
+        if view.shared and lead and (lead >= cfg.stick_blocks or lead >= cfg.stick_share * size):  # only it holds it
+            first = self.stick_factor(workers, ranked.at(0).name, view.index)
 
-    def _stick_factor(self, workers: Sequence[WorkerState], holder: str, index: PrefixIndex) -> float:
+        def within(r: int) -> bool:
+            factor = first if r == 0 else cfg.load_factor
+            w = ranked.at(r)
+            return (
+                w.load < factor * mean_load + cfg.load_slack
+                and w.work + size - hits[r] <= factor * mean_work + cfg.work_slack
+            )
+
+        return within
+
+    def stick_factor(self, workers: Sequence[WorkerState], holder: str, index: PrefixIndex) -> float:
         """The load bound of the only worker holding a prompt's prefix: `stick_factor`, or
         `hot_stick_factor` while it took more than `hot_recent` x the pool's mean of blocks lately.
         A prefix that draws more traffic than its holder's share (an agent kind's tool preamble, a
@@ -164,58 +139,48 @@ class KvAwarePolicy(BasePolicy):
             return cfg.hot_stick_factor
         return cfg.stick_factor
 
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        if not workers:
-            raise NoWorker("decode")
-        cfg = self.config
-        scored = [(w.load + cfg.kv_weight * w.kv_usage, w) for w in workers]
-        best = min(s for s, _ in scored)
-        if prefill is not None and prefill.domain:
-            near = [(s, w) for s, w in scored if w.domain == prefill.domain]
-            if near:
-                near_best = min(s for s, _ in near)
-                if near_best <= best + cfg.domain_slack:
-                    names = [w.name for s, w in near if s <= near_best + 0.5]
-                    return Decision(tie_break(req.key, names), "same-domain")
-        names = [w.name for s, w in scored if s <= best + 0.5]
-        return Decision(tie_break(req.key, names), "least-loaded")
 
-    def _direct(
-        self, req: RouteRequest, workers: Sequence[WorkerState], matches: Mapping[str, int], prefilled: int
-    ) -> Decision | None:
-        """A decode worker that can compute the rest of the prompt itself, and whose decode score (load
-        and KV usage) is within the load bound: the one holding the most (then by rendezvous weight),
-        so a conversation that went there keeps going there and its prefix stays whole on one worker.
-        It can when it holds all but a short tail (`direct_below_blocks`), or when it holds
-        `direct_lead_blocks` more than any prefill worker (`prefilled`, what a prefill would reuse),
-        at least `direct_lead_ratio` times what is left, and at most `direct_max_blocks` are left: a
-        conversation whose earlier turns the prefill pool has evicted but the decode worker that
-        answered them still holds (its pool sees a share of the traffic, so its cache keeps a longer
-        window). The ratio keeps the prefill work a decode worker takes on, which slows its token
-        streams, to a quarter of the work it saves."""
+class BreakEvenDecider:
+    """The kv-aware P/D decider: a decode worker computes the rest of a prompt itself, skipping
+    prefill, when that costs less than a prefill would (conditional disaggregation).
+
+    It does when some decode worker whose decode score (load and KV usage) is within the load bound
+    holds all but a short tail (`direct_below_blocks`), or `direct_lead_blocks` more than any prefill
+    worker (what a prefill would reuse), at least `direct_lead_ratio` times what is left, with at most
+    `direct_max_blocks` left: a conversation whose earlier turns the prefill pool has evicted but the
+    decode worker that answered them still holds (its pool sees a share of the traffic, so its cache
+    keeps a longer window). The ratio keeps the prefill work a decode worker takes on, which slows its
+    token streams, to a quarter of the work it saves. The request goes to the one holding the most
+    (then by rendezvous weight), so a conversation that went there keeps going there and its prefix
+    stays whole on one worker."""
+
+    def __init__(self, config: KvAwareConfig) -> None:
+        self.config = config
+
+    def direct(self, view: RouteView, prefill: Sequence[WorkerState], decode: Sequence[WorkerState]) -> Decision | None:
         cfg = self.config
-        total = len(req.blocks)
-        scores = [w.load + cfg.kv_weight * w.kv_usage for w in workers]
-        bound = cfg.load_factor * (sum(scores) + 1.0) / len(workers) + cfg.load_slack
-        held = [(matches.get(w.name, 0), w, score) for w, score in zip(workers, scores, strict=True)]
+        matches = view.matches
+        total = len(view.req.blocks)
+        prefilled = max((matches.get(w.name, 0) for w in prefill), default=0)
+        if not self.completes(total, max(matches.values(), default=0), prefilled):  # else no decode worker can
+            return None
+        key = view.req.key
+        scores = [w.load + cfg.kv_weight * w.kv_usage for w in decode]
+        bound = cfg.load_factor * (sum(scores) + 1.0) / len(decode) + cfg.load_slack
+        held = [(matches.get(w.name, 0), w, score) for w, score in zip(decode, scores, strict=True)]
         near = [
-            (hit, weight(req.key, w.name), w.name)
+            (hit, weight(key, w.name), w.name)
             for hit, w, score in held
-            if score < bound and self._completes(total, hit, prefilled)
+            if score < bound and self.completes(total, hit, prefilled)
         ]
         if not near:
             return None
         hit, _, name = max(near)
         return Decision(name, "short-prompt" if total - hit < cfg.direct_below_blocks else "decode-holds", hit)
 
-    def _completes(self, total: int, hit: int, prefilled: int) -> bool:
-        """Whether a decode worker holding `hit` of the prompt's `total` blocks should compute the rest."""
+    def completes(self, total: int, hit: int, prefilled: int) -> bool:
+        """Whether a decode worker holding `hit` of the prompt's `total` blocks should compute the
+        rest, when the prefill pool holds `prefilled` of them."""
         cfg = self.config
         left = total - hit
         if not cfg.direct_below_blocks:  # never straight to decode
@@ -226,26 +191,82 @@ class KvAwarePolicy(BasePolicy):
             and left <= cfg.direct_max_blocks
         )
 
-    def plan(
-        self,
-        req: RouteRequest,
-        prefill_workers: Sequence[WorkerState],
-        decode_workers: Sequence[WorkerState],
-        index: PrefixIndex,
-    ) -> Plan:
-        if not decode_workers:
-            raise NoWorker("decode" if prefill_workers else "worker")
-        matches = index.match(req.blocks) if req.blocks else {}
-        sticky = self._shared(index)
-        prefill_workers = pairable(prefill_workers, decode_workers)  # mid-upgrade: only same-engine pairs
-        if not prefill_workers:
-            return Plan(decode=self._prefill(req, decode_workers, matches, sticky, index))
-        prefilled = max((matches.get(w.name, 0) for w in prefill_workers), default=0)
-        if self._completes(len(req.blocks), max(matches.values(), default=0), prefilled):  # else no decode worker can
-            direct = self._direct(req, decode_workers, matches, prefilled)
-            if direct is not None:
-                return Plan(decode=direct)
-        first = self._prefill(req, prefill_workers, matches, sticky, index)
-        prefill = find(prefill_workers, first.worker)
-        second = self.choose_decode(req, partners(decode_workers, prefill), prefill, index)
-        return Plan(decode=second, prefill=first, kv_path=kv_path(prefill, find(decode_workers, second.worker)))
+
+class KvAwarePolicy(BasePolicy):
+    """The first hop ranked by the configured scorers (`KvAwareConfig.scorers`), the first worker the
+    filters keep (`LoadBound`), else the spill rule; the P/D decider `BreakEvenDecider`; decode by
+    load, NVLink domain first."""
+
+    name = "kv-aware"
+
+    def __init__(self, config: KvAwareConfig | None = None) -> None:
+        self.config = config or KvAwareConfig()
+
+    @property
+    def config(self) -> KvAwareConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: KvAwareConfig) -> None:
+        """The knobs, and the parts built from them (which read them where they stand)."""
+        self._config = config
+        self.bound = LoadBound(config)
+        self.filters: list[Filter] = [self.bound]
+        self.decider = BreakEvenDecider(config)
+        self._scorers = make_scorers(config.scorers)
+        self._scorers_of = config.scorers
+
+    def scorers(self) -> list[tuple[Scorer, float]]:
+        """The configured scorers with their weights (rebuilt if the configuration's list changed)."""
+        if self.config.scorers is not self._scorers_of:
+            self._scorers = make_scorers(self.config.scorers)
+            self._scorers_of = self.config.scorers
+        return self._scorers
+
+    def pick_prefill(self, view: RouteView, workers: Sequence[WorkerState]) -> Decision:
+        if len(workers) == 1:
+            only = workers[0]
+            hit = view.hit(only)
+            return Decision(only.name, "prefix" if hit else "load", hit)
+        cfg = self.config
+        ranked = rank(view, workers, self.scorers())
+        n = len(workers)
+        tests = [f.admits(ranked) for f in self.filters]
+
+        def kept(r: int) -> bool:
+            return all(test(r) for test in tests)
+
+        if kept(0):
+            hit = ranked.hits[0]
+            return Decision(ranked.at(0).name, "prefix" if hit else "affinity", hit)
+        # Spill: of the others within bounds, the one with the least prefill work ahead of the request
+        # (its in-flight uncached blocks plus this request's uncached blocks there), first in rank on ties.
+        size = len(view.req.blocks)
+        spill = None
+        for r in range(1, n):
+            if kept(r):
+                w, hit = ranked.at(r), ranked.hits[r]
+                cost = w.work + size - hit
+                if spill is None or cost < spill[0]:
+                    spill = (cost, w.name, hit)
+        if spill is not None:
+            return Decision(spill[1], "spill", spill[2])
+        # every worker is over its bounds: of the least loaded (within the slack), the first ranked
+        least = min(w.load for w in workers) + cfg.load_slack
+        r = next(r for r in range(n) if ranked.at(r).load <= least)
+        return Decision(ranked.at(r).name, "load", ranked.hits[r])
+
+    def pick_decode(self, view: RouteView, workers: Sequence[WorkerState], prefill: WorkerState | None) -> Decision:
+        cfg = self.config
+        key = view.req.key
+        scored = [(w.load + cfg.kv_weight * w.kv_usage, w) for w in workers]
+        best = min(s for s, _ in scored)
+        if prefill is not None and prefill.domain:
+            near = [(s, w) for s, w in scored if w.domain == prefill.domain]
+            if near:
+                near_best = min(s for s, _ in near)
+                if near_best <= best + cfg.domain_slack:
+                    names = [w.name for s, w in near if s <= near_best + 0.5]
+                    return Decision(tie_break(key, names), "same-domain")
+        names = [w.name for s, w in scored if s <= best + 0.5]
+        return Decision(tie_break(key, names), "least-loaded")

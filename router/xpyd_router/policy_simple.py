@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from xpyd_router.model import Decision, NoWorker, RouteRequest, WorkerState
+from xpyd_router.model import Decision, RouteRequest, WorkerState
 from xpyd_router.policy_base import BasePolicy, tie_break
+from xpyd_router.policy_parts import RouteView
 from xpyd_router.prefix_index import PrefixIndex
 
 
@@ -15,21 +16,11 @@ class SameRulePolicy(BasePolicy):
     def choose(self, pool: str, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
         raise NotImplementedError
 
-    def choose_prefill(self, req: RouteRequest, workers: Sequence[WorkerState], index: PrefixIndex) -> Decision:
-        if not workers:
-            raise NoWorker("prefill")
-        return self.choose("prefill", req, workers, index)
+    def pick_prefill(self, view: RouteView, workers: Sequence[WorkerState]) -> Decision:
+        return self.choose("prefill", view.req, workers, view.index)
 
-    def choose_decode(
-        self,
-        req: RouteRequest,
-        workers: Sequence[WorkerState],
-        prefill: WorkerState | None,
-        index: PrefixIndex,
-    ) -> Decision:
-        if not workers:
-            raise NoWorker("decode")
-        return self.choose("decode", req, workers, index)
+    def pick_decode(self, view: RouteView, workers: Sequence[WorkerState], prefill: WorkerState | None) -> Decision:
+        return self.choose("decode", view.req, workers, view.index)
 
 
 class RoundRobinPolicy(SameRulePolicy):

@@ -12,7 +12,9 @@ from xpyd_router.model import NoWorker, Plan, Policy, Role, RouteRequest, Worker
 from xpyd_router.policy_base import recipients, record
 from xpyd_router.prefix_index import PrefixIndex
 from xpyd_router.scrape import WorkerMetrics
-from xpyd_router.targets import rank_endpoint, split_target, target_name
+from xpyd_router.targets import rank_endpoint, replica_endpoints, split_target, target_name
+
+SLOW_SCRAPES = 3  # consecutive timed-out scrapes that take a worker out (a refused one does at once)
 
 
 @dataclass(frozen=True)
@@ -23,8 +25,9 @@ class WorkerSpec:
     role: Role
     domain: str = ""
     rev: str = ""  # engine revision; "" (static URLs) pairs with any
-    kv_events: str = ""  # tcp://HOST:PORT of the engine's KV event publisher ("" : it publishes none)
-    kv_replay: str = ""  # tcp://HOST:PORT of its replay socket ("" : none)
+    kv_events: str = ""  # tcp://HOST:PORT of the engine's KV event publisher ("" : it publishes none), or
+    # every rank's, space-separated (xpyd_router.targets.replica_endpoints)
+    kv_replay: str = ""  # tcp://HOST:PORT of its replay socket ("" : none), or every rank's
 
     def extra(self) -> dict[str, str]:
         return {k: v for k, v in (("kv_events", self.kv_events), ("kv_replay", self.kv_replay)) if v}
@@ -45,6 +48,16 @@ def rank_targets(spec: WorkerSpec, size: int, local: int = 0, pods: Sequence[tup
             kv_events=rank_endpoint(spec.kv_events, rank, host), kv_replay=rank_endpoint(spec.kv_replay, rank, host),
         ))  # fmt: skip
     return out
+
+
+def replica_target(spec: WorkerSpec, size: int, local: int = 0, pods: Sequence[tuple[str, str]] = ()) -> WorkerSpec:
+    """A `size`-rank replica whose engine picks each request's rank: one target, subscribed to every
+    rank's KV events (rank r on pod r // `local` of `pods`, as `rank_targets`)."""
+    hosts = [ip for ip, _ in pods]
+    return replace(
+        spec, kv_events=replica_endpoints(spec.kv_events, size, local, hosts),
+        kv_replay=replica_endpoints(spec.kv_replay, size, local, hosts),
+    )  # fmt: skip
 
 
 def parse_worker_arg(raw: str, role: Role) -> WorkerSpec:
@@ -82,6 +95,8 @@ class WorkerPool:
         # Set while router replicas share their routes (loadshare.py): the workers a plan sent a
         # prompt to and its blocks, which the other replicas record as the same guess this index did.
         self.on_route: Callable[[tuple[str, ...], Sequence[int]], None] | None = None
+        # Set while pairs are warmed (warmup.py): a worker that was not healthy and now is.
+        self.on_ready: Callable[[str], None] | None = None
 
     def set_workers(self, specs: Iterable[WorkerSpec]) -> None:
         """Level-based update: add new workers, update domains, drain the ones no longer listed."""
@@ -177,20 +192,27 @@ class WorkerPool:
         worker = self.workers.get(name)
         return worker is not None and worker.held_until > self.clock()
 
-    def apply_metrics(self, name: str, metrics: WorkerMetrics | None) -> None:
-        """A scrape's outcome: None (it failed) takes the worker out; an answer brings it back unless held."""
+    def apply_metrics(self, name: str, metrics: WorkerMetrics | None, timed_out: bool = False) -> None:
+        """A scrape's outcome: None (it failed) takes the worker out, a timeout only the SLOW_SCRAPES-th in a
+        row (an engine busy computing answers /metrics late, and one slow scrape of the only decode worker
+        would fail every request meanwhile); an answer brings it back unless held."""
         worker = self.workers.get(name)
         if worker is None:
             return
         if metrics is None:
-            worker.healthy = False
+            worker.slow_scrapes = worker.slow_scrapes + 1 if timed_out else SLOW_SCRAPES
+            if worker.slow_scrapes >= SLOW_SCRAPES:
+                worker.healthy = False
             return
+        worker.slow_scrapes = 0
         if not worker.healthy and worker.held_until > self.clock():
             return
-        worker.healthy = True
+        came_up, worker.healthy = not worker.healthy, True
         metrics = metrics.of_rank(split_target(name)[1])
         worker.waiting, worker.running, worker.kv_usage = metrics.waiting, metrics.running, metrics.kv_usage
         if metrics.capacity_tokens > 0:
             blocks = int(metrics.capacity_tokens / self.keys.tokens_per_block)
             worker.capacity_blocks = max(blocks, 1)
             self.index.set_capacity(name, worker.capacity_blocks)
+        if came_up and self.on_ready is not None:
+            self.on_ready(name)

@@ -1,15 +1,32 @@
 """Per-worker prefix caches: what each engine reported it holds (its KV events), or, for an engine
 that reports nothing, a model of its cache from the requests routed to it, its capacity and vLLM's
-eviction order."""
+eviction order.
+
+Three writers fill it, and each entry keeps the name of the one that wrote it (`Source`): `record`,
+the routes this router replica chose (`own`, a guess); `record_peer`, the routes another replica
+chose and passed on (`peer`, its guess, loadshare.py); `confirm`, what an engine's KV events say it
+stored (`engine`, a fact). The engine's word is final: a guess recorded over a block the engine
+reported leaves it `engine`, and the engine's store of a guessed block makes it `engine` in place.
+Otherwise the latest writer names an entry. `sources` counts a worker's entries by writer.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Final, Literal
+
+from xpyd_router.tier_index import TierIndex
 
 DEFAULT_CAPACITY_BLOCKS = 1 << 16
 _RESCALE = 60.0  # `recent` weights are 2**(tick / half-life); rescaled before they pass 2**60
 REUSED_WEIGHT = 0.25  # in `recent`, a block the worker already held counts this much of a new one
+
+Source = Literal["own", "peer", "engine"]  # who wrote an entry: this replica's route, a peer's, the engine's event
+OWN: Final = "own"
+PEER: Final = "peer"
+ENGINE: Final = "engine"
+SOURCES: tuple[Source, ...] = (OWN, PEER, ENGINE)
 
 
 class PrefixIndex:
@@ -21,7 +38,7 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._owners: dict[int, int] = {}
-        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._lru: dict[str, OrderedDict[int, Source]] = {}  # worker -> block -> who wrote it, oldest first
         self._capacity: dict[str, int] = {}
         self._bit: dict[str, int] = {}
         self._names: dict[int, str] = {}
@@ -29,6 +46,7 @@ class PrefixIndex:
         self._recent: dict[str, float] = {}  # the blocks each worker took, decayed (see `recent`)
         self._tick = 0.0  # blocks taken pool-wide, in half-lives (the pool's capacity each)
         self._pool_capacity = 0  # blocks, all workers together
+        self.offloaded = TierIndex()  # the blocks the engines keep in their CPU tiers (their KV events)
 
     def __len__(self) -> int:
         return sum(len(lru) for lru in self._lru.values())
@@ -40,6 +58,20 @@ class PrefixIndex:
     def blocks_of(self, worker: str) -> int:
         lru = self._lru.get(worker)
         return len(lru) if lru is not None else 0
+
+    def source(self, worker: str, block: int) -> Source | None:
+        """Who wrote the worker's entry for the block (None: it holds no such block)."""
+        lru = self._lru.get(worker)
+        return lru.get(block) if lru is not None else None
+
+    def sources(self, worker: str | None = None) -> dict[Source, int]:
+        """The worker's entries (every worker's with None) counted by writer: its own routes' guesses,
+        its peers', and what the engines reported. One pass over the entries."""
+        counts: Counter[Source] = Counter()
+        for name, lru in self._lru.items():
+            if worker is None or name == worker:
+                counts.update(lru.values())
+        return {source: counts[source] for source in SOURCES}
 
     def recent(self, worker: str) -> float:
         """The prompt blocks the worker took lately, in a unit comparable only between this index's
@@ -84,6 +116,7 @@ class PrefixIndex:
 
     def remove_worker(self, worker: str) -> None:
         self.fed.discard(worker)
+        self.offloaded.clear(worker)
         bit = self._bit.pop(worker, None)
         if bit is None:
             return
@@ -107,7 +140,12 @@ class PrefixIndex:
         recomputing their whole context elsewhere (simulated agent loops: 48% hit and 311 s TTFT p99
         where the guess keeps 94% and 0.65 s; bench/results/cache-suite.md).
         """
-        self.store(worker, blocks)
+        self.store(worker, blocks, source=OWN)
+
+    def record_peer(self, worker: str, blocks: Sequence[int]) -> None:
+        """Another router replica routed these blocks to the worker (its route, passed on by the
+        exchange): recorded as this replica records its own, a guess of the peer's (`peer`)."""
+        self.store(worker, blocks, source=PEER)
 
     def set_fed(self, worker: str, fed: bool) -> None:
         """Switch the worker between event-fed and modelled; either way its current blocks go."""
@@ -115,9 +153,10 @@ class PrefixIndex:
             self.clear(worker)
             (self.fed.add if fed else self.fed.discard)(worker)
 
-    def store(self, worker: str, blocks: Sequence[int], trim: bool = True) -> None:
-        """Marks the blocks as cached on the worker (adding it with the default capacity if unknown);
-        trim=False leaves the capacity bound to a later `trim` (after a batch of engine events)."""
+    def store(self, worker: str, blocks: Sequence[int], trim: bool = True, source: Source = OWN) -> None:
+        """Marks the blocks as cached on the worker (adding it with the default capacity if unknown),
+        written by `source` (a guess never renames what the engine reported); trim=False leaves the
+        capacity bound to a later `trim` (after a batch of engine events)."""
         if worker not in self._bit:
             self.set_capacity(worker, DEFAULT_CAPACITY_BLOCKS)
         lru = self._lru[worker]
@@ -127,11 +166,14 @@ class PrefixIndex:
         # so what a worker keeps stays a prefix (as vLLM frees blocks in reverse order).
         new = 0
         for block in reversed(blocks):
-            if block in lru:
+            was = lru.get(block)
+            if was is not None:
                 lru.move_to_end(block)
+                if was != source and was != ENGINE:
+                    lru[block] = source
             else:
                 new += 1
-                lru[block] = None
+                lru[block] = source
                 owners[block] = owners.get(block, 0) | flag
         if blocks:
             self._took(worker, new + REUSED_WEIGHT * (len(blocks) - new))
@@ -139,17 +181,26 @@ class PrefixIndex:
             self.trim(worker)
 
     def confirm(self, worker: str, blocks: Sequence[int], trim: bool = True) -> None:
-        """The engine stored these blocks (its KV event): the ones the router already recorded keep
-        their place, since it recorded the whole prompt head-first when it routed it; the others
-        enter as most recent. Moving the recorded ones would put the tail the engine computed above
-        the cached prefix it reused, and the index would then evict that prefix first, while the
-        engine, which frees a prompt's blocks tail first, still holds it (simulated RAG with caches
-        half the working set: 0.07 points of prefix hit lost to prompts sent away from a worker
-        holding their document; bench/results/cache-suite.md)."""
+        """The engine stored these blocks (its KV event; their entries are `engine` from now on): the
+        ones the router already recorded keep their place, since it recorded the whole prompt
+        head-first when it routed it; the others enter as most recent. Moving the recorded ones would
+        put the tail the engine computed above the cached prefix it reused, and the index would then
+        evict that prefix first, while the engine, which frees a prompt's blocks tail first, still
+        holds it (simulated RAG with caches half the working set: 0.07 points of prefix hit lost to
+        prompts sent away from a worker holding their document; bench/results/cache-suite.md)."""
         lru = self._lru.get(worker)
-        fresh = blocks if lru is None else [b for b in blocks if b not in lru]
+        if lru is None:
+            fresh: Sequence[int] = blocks
+        else:
+            fresh = []
+            for block in blocks:
+                was = lru.get(block)
+                if was is None:
+                    fresh.append(block)
+                elif was != ENGINE:
+                    lru[block] = ENGINE  # the guess is a fact now, in the same place
         if fresh:
-            self.store(worker, fresh, trim)
+            self.store(worker, fresh, trim, ENGINE)
         elif trim:
             self.trim(worker)
 
@@ -161,15 +212,24 @@ class PrefixIndex:
         clear = ~(1 << self._bit[worker])
         owners = self._owners
         for block in blocks:
-            if lru.pop(block, 0) is None:
+            if lru.pop(block, None) is not None:
                 mask = owners[block] & clear
                 if mask:
                     owners[block] = mask
                 else:
                     del owners[block]
 
+    def offload(self, worker: str, blocks: Iterable[int]) -> None:
+        """The engine stored these blocks in its CPU tier (a KV event with medium CPU)."""
+        self.offloaded.store(worker, blocks)
+
+    def unload(self, worker: str, blocks: Iterable[int]) -> None:
+        """The engine's CPU tier evicted these blocks."""
+        self.offloaded.discard(worker, blocks)
+
     def clear(self, worker: str) -> None:
         """The worker holds nothing (a reset, a restart, or a switch of source); it keeps its capacity."""
+        self.offloaded.clear(worker)
         lru = self._lru.get(worker)
         if lru:
             self.discard(worker, list(lru))

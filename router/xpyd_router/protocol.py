@@ -1,23 +1,12 @@
-"""OpenAI request parsing and the per-hop request bodies of vLLM (NixlConnector) and SGLang (bootstrap)."""
+"""OpenAI request parsing, the fields only the router may set, and OpenAI's error bodies (hop bodies: handoff/)."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import orjson
 
 JsonObj = dict[str, Any]
-
-EMPTY_KV: JsonObj = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
 
 # Request fields of the disaggregation protocols: the router writes them, a client never may. A worker
 # obeys them (pulls KV from a host:port they name, pairs with a bootstrap room, pins a DP rank), so a
@@ -101,35 +90,6 @@ def _chat_text(body: JsonObj) -> str:
         # The emulator's ChatML-like template, so prefix blocks line up with its cache blocks.
         parts.append(f"<|im_start|>{message['role']}\n{content if content is not None else ''}<|im_end|>\n")
     return "".join(parts)
-
-
-def prefill_body(body: JsonObj) -> bytes:
-    """vLLM hop 1: one token, not streamed, asking the worker to keep the KV for a remote decode."""
-    hop = dict(body)
-    hop["max_tokens"] = 1
-    if "max_completion_tokens" in hop:
-        hop["max_completion_tokens"] = 1
-    hop["stream"] = False
-    hop.pop("stream_options", None)
-    hop["kv_transfer_params"] = dict(EMPTY_KV)
-    return orjson.dumps(hop)
-
-
-def decode_body(body: JsonObj, kv_transfer_params: Any) -> bytes:
-    """vLLM hop 2: the client's own request plus what prefill returned, passed on verbatim."""
-    hop = dict(body)
-    hop["kv_transfer_params"] = kv_transfer_params
-    return orjson.dumps(hop)
-
-
-def bootstrap_bodies(body: JsonObj, prefill_url: str, bootstrap_port: int) -> tuple[bytes, bytes]:
-    """SGLang: the same request to both workers at once, paired through the prefill's bootstrap server."""
-    host = prefill_url.split("://", 1)[1].rsplit(":", 1)[0]
-    hop = dict(body)
-    hop.update(bootstrap_host=host, bootstrap_port=bootstrap_port, bootstrap_room=random.getrandbits(63))
-    prefill = dict(hop, stream=False)
-    prefill.pop("stream_options", None)
-    return orjson.dumps(prefill), orjson.dumps(hop)
 
 
 def error_body(message: str, kind: str, code: int, param: str | None = None) -> bytes:

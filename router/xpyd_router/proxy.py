@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from xpyd_api import labels
+from xpyd_router import handoff
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
+from xpyd_router.handoff import HopFailed
 from xpyd_router.hashing import affinity_key
-from xpyd_router.hops import Exchange, HopFailed, Hops
+from xpyd_router.hops import Exchange, Hops
 from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import NoWorker, Plan, RouteRequest
+from xpyd_router.pairs import PairLimits, Pairs
 from xpyd_router.pool import WorkerPool
 from xpyd_router.protocol import BadRequest, JsonObj, parse_body, sse_error
 from xpyd_router.upstream import Upstream
@@ -31,7 +34,7 @@ OFFLOAD_CHARS = 16 << 10
 
 @dataclass
 class ProxyConfig:
-    engine: Literal["vllm", "sglang"] = "vllm"
+    engine: str = "vllm"  # an xpyd_api.engines kind: picks the KV handoff protocol
     max_attempts: int = 3  # tries per request over distinct workers
     bootstrap_port: int = labels.SGLANG_BOOTSTRAP_PORT  # SGLang prefill bootstrap server port
     connect_timeout: float = 5.0  # to open a connection to a worker
@@ -39,8 +42,12 @@ class ProxyConfig:
     idle_timeout: float = 30.0  # longest silence between a worker's body reads
     request_timeout: float = 600.0  # whole request; a client may lower it with X-Request-Timeout
     body_timeout: float = 30.0  # for the client to send its request body
-    api_key: str | None = None  # Authorization: Bearer <key> on the OpenAI routes
+    api_key: str | Sequence[str] | None = None  # Authorization: Bearer <key> on the OpenAI routes (any of them)
+    api_key_file: str | None = None  # where the keys came from: re-read when it changes (rotation)
     tokenizer_threads: int = 2  # threads that tokenize long prompts (0: all on the event loop)
+    kv_bytes_per_token: int = 0  # the model's KV bytes per prompt token: the handoff bytes series (0: none)
+    pairs: PairLimits = field(default_factory=PairLimits)  # when a prefill/decode pair cools off
+    warm_pairs: bool = False  # a warm-up handoff per new pair (the CLI's default is on: --no-warm-pairs)
 
 
 class Proxy:
@@ -50,8 +57,10 @@ class Proxy:
         self.config = config
         self.session: aiohttp.ClientSession | None = None  # for probes, /metrics scrapes and /v1/models
         self.upstream = Upstream(config.connect_timeout, config.first_byte_timeout, config.idle_timeout)
-        self.hops = Hops(pool, metrics, self.upstream, config.engine, config.bootstrap_port)
-        self.api_key = ApiKey(config.api_key)
+        kv = handoff.for_engine(config.engine, config.bootstrap_port)
+        self.hops = Hops(pool, metrics, self.upstream, kv, Pairs(pool, metrics, config.pairs))
+        metrics.kv_bytes_per_token = config.kv_bytes_per_token
+        self.api_key = ApiKey(config.api_key, config.api_key_file)
         self.inflight = 0  # requests being served; the gauge reads it when scraped (no lock per request)
         metrics.inflight_now.set_function(lambda: self.inflight)
         self._keyer: ThreadPoolExecutor | None = None  # started by the first long prompt
@@ -176,4 +185,5 @@ class Proxy:
             m.handoff(plan.kv_path)
         m.decision("decode", plan.decode.reason)
         first = plan.prefill or plan.decode
-        m.prompt(len(req.blocks), first.matched_blocks)
+        offloaded = self.pool.index.offloaded.run(first.worker, req.blocks, first.matched_blocks)
+        m.prompt(len(req.blocks), first.matched_blocks, offloaded)

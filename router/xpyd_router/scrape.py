@@ -1,20 +1,21 @@
-"""Reads the few vLLM /metrics series the router routes on, without a full Prometheus parser."""
+"""Reads the few engine /metrics series the router routes on, without a full Prometheus parser."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-# The names it reads (vLLM's, and SGLang's so one scraper serves both engines), from the one list.
-from xpyd_api.metric_names import CACHE_CONFIG as CACHE_CONFIG
-from xpyd_api.metric_names import KV_USAGE as KV_USAGE
-from xpyd_api.metric_names import KV_USAGE_OLD as KV_USAGE_OLD
-from xpyd_api.metric_names import RUNNING as RUNNING
-from xpyd_api.metric_names import SGL_RUNNING as SGL_RUNNING
-from xpyd_api.metric_names import SGL_USAGE as SGL_USAGE
-from xpyd_api.metric_names import SGL_WAITING as SGL_WAITING
-from xpyd_api.metric_names import WAITING as WAITING
+from xpyd_api.engines import METRICS
+from xpyd_api.metric_names import CACHE_CONFIG as CACHE_CONFIG  # vLLM's; labels block_size, num_gpu_blocks
 
+# The gauges it routes on, by their vLLM names, and every engine's names for them (xpyd_api.engines:
+# one scraper serves every kind; vLLM's older KV-usage name is in its list).
+WAITING, RUNNING, KV_USAGE = METRICS["vllm"].waiting, METRICS["vllm"].running, METRICS["vllm"].kv_usage[0]
+ALIASES: dict[str, str] = {
+    name: key
+    for m in METRICS.values()
+    for name, key in ((m.waiting, WAITING), (m.running, RUNNING), *((u, KV_USAGE) for u in m.kv_usage))
+}
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -60,8 +61,8 @@ def parse_metrics(text: str) -> WorkerMetrics:
             block_size = block_size or _int(labels.get("block_size"))
             engine_blocks[labels.get("engine", "")] = _int(labels.get("num_gpu_blocks"))
             continue
-        key = {SGL_WAITING: WAITING, SGL_RUNNING: RUNNING, KV_USAGE_OLD: KV_USAGE, SGL_USAGE: KV_USAGE}.get(name, name)
-        if key not in sums:
+        key = ALIASES.get(name)
+        if key is None:
             continue
         try:
             value = float(line.rsplit(" ", 1)[1] if "}" not in line else line[line.rfind("}") + 1 :].split()[0])

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import cast
@@ -313,8 +314,12 @@ class Server:
             return _Busy()
         return Connection(self)
 
-    async def listen(self, host: str, port: int, backlog: int = 1024) -> None:
-        self._server = await self.loop.create_server(self._protocol, host, port, backlog=backlog, reuse_address=True)
+    async def listen(self, host: str, port: int, backlog: int = 1024, tls: ssl.SSLContext | None = None) -> None:
+        """With `tls`, HTTPS: the handshake gets the header deadline; a client speaking plain HTTP is cut off."""
+        shake = self.header_timeout if tls is not None else None
+        self._server = await self.loop.create_server(
+            self._protocol, host, port, backlog=backlog, reuse_address=True, ssl=tls, ssl_handshake_timeout=shake
+        )
 
     @property
     def port(self) -> int:

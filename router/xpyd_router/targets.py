@@ -10,6 +10,10 @@ own KV events, on the configured port + its global rank (`distributed/kv_events.
 offset_endpoint_port). So the router routes to ranks: a rank is a target of its own, named
 `URL#dpR`, with its own cache picture, load and events, and its requests carry the header. A
 name without the mark is the worker itself (the engine picks the rank, or there is one).
+
+When the engine picks the rank (data-parallel routing 'engine': older vLLM, SGLang), the replica is
+one target, but its ranks still publish apart, each on its own port: the target's KV event
+endpoints are then every rank's, space-separated (`replica_endpoints`), all feeding its one picture.
 """
 
 from __future__ import annotations
@@ -38,3 +42,21 @@ def rank_endpoint(endpoint: str, rank: int, host: str = "") -> str:
     if host:
         base = f"tcp://[{host}]" if ":" in host else f"tcp://{host}"
     return f"{base}:{int(port) + rank}"
+
+
+def replica_endpoints(endpoint: str, size: int, local: int = 0, hosts: list[str] | None = None) -> str:
+    """Every rank's KV event socket of a `size`-rank replica, space-separated: rank r on the port + r
+    (its global rank, in vLLM and SGLang alike), on hosts[r // local] (the pod that runs it) when given."""
+    if not endpoint or size <= 1:
+        return endpoint
+    hosts = hosts or []
+
+    def host(rank: int) -> str:
+        return hosts[rank // local] if local > 0 and rank // local < len(hosts) else ""
+
+    return " ".join(rank_endpoint(endpoint, rank, host(rank)) for rank in range(size))
+
+
+def split_endpoints(endpoints: str) -> list[str]:
+    """The sockets of a target's `kv_events` (or `kv_replay`): one, or one per rank."""
+    return endpoints.split()

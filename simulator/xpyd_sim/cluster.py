@@ -30,6 +30,7 @@ class Cluster:
         max_seqs: int,
         block_tokens: int,
         cache_tokens: int | None = None,
+        offload_tokens: dict[str, int] | None = None,
     ) -> None:
         self.spec = spec
         self.topology: Topology = spec.topology
@@ -38,6 +39,7 @@ class Cluster:
         self.max_seqs = max_seqs
         self.block_tokens = block_tokens
         self.cache_tokens = cache_tokens
+        self.offload_tokens = offload_tokens or {}  # per role: a replica's CPU KV tier, in tokens (0: none)
         self.domain_size = max(self.topology.domain_gpus, 1)
         self.domain_used: list[int] = []
         self._slots: dict[str, list[tuple[int, int]]] = {}  # worker name -> (domain index, GPUs) it holds
@@ -101,6 +103,7 @@ class Cluster:
             max_seqs=self.max_seqs * ranks,
             cache_tokens=self.cache_tokens,
             ranks=pool.dp,  # one prefix cache per data-parallel rank
+            cpu_blocks=self.offload_tokens.get(role, 0) // self.block_tokens,
         )
         self._next[role] += 1
         self._slots[w.name] = slots

@@ -32,3 +32,10 @@ class SimConfig:
     peer_sync_s: float = 0.0  # router replicas exchange their in-flight counts this often (0: never)
     sample_s: float = 10.0  # timeline resolution
     dp_routing: DpRouting = "ranks"  # a data-parallel replica: one target per rank, or one (its engine picks)
+    # KV offloading: host memory per replica for a CPU KV tier, in bytes (0: none, unless the spec's pools
+    # set one), for the pools that compute prompts (prefill, co-located; decode too with offload_decode)
+    offload_bytes: int = 0
+    offload_decode: bool = False
+    # what the router's `tiers` scorer prices a CPU-held block by: the pool's model, GPU and link (the
+    # router knows them); False: the router scores GPU-held blocks only (the CPU tier counts nothing)
+    tier_pricing: bool = True

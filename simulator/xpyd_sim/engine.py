@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator
 
 from xpyd_router.model import NoWorker
+from xpyd_router.tier_cost import ReloadCost
 from xpyd_sim.cluster import Cluster
 from xpyd_sim.config import SimConfig
 from xpyd_sim.metrics import Collector, Histogram
@@ -35,6 +36,7 @@ class Simulation:
             for role, p in spec.pools.items()
         }  # fmt: skip
         self.links = Links(spec.topology)
+        first = "worker" if spec.mode == "Colocated" else "prefill"
         self.cluster = Cluster(
             spec,
             self.perfs,
@@ -42,7 +44,10 @@ class Simulation:
             max_seqs=cfg.max_seqs,
             block_tokens=cfg.block_tokens,
             cache_tokens=cfg.cache_tokens,
+            offload_tokens={role: self._offload_tokens(role) for role in spec.pools},
         )
+        perf = self.perfs[first]
+        pricing = ReloadCost(spec.model, spec.topology.gpu, perf.gpus, perf.kv_bytes_per_token)
         replicas = max(1, spec.deployment.router.replicas) if cfg.router_replicas is None else cfg.router_replicas
         self.router = SimRouter(
             cfg.router,
@@ -52,9 +57,9 @@ class Simulation:
             cfg.event_delay_s,
             cfg.dp_routing,
             share_routes=cfg.peer_sync_s > 0,
+            pricing=pricing if cfg.tier_pricing else None,
         )
         self.router.set_workers(self.cluster.all_workers())
-        first = "worker" if spec.mode == "Colocated" else "prefill"
         self.first_role = first
         self.scaler = SimScaler(cfg.autoscaler, self.cluster, cfg.slo, dict(cfg.autoscaler_targets))
         self.metrics = Collector(slo=cfg.slo)
@@ -71,6 +76,14 @@ class Simulation:
         self._arrivals_left = False
         self.on_finish: Callable[[SimRequest], None] | None = None
         self.progress: Callable[[Simulation], None] | None = None
+
+    def _offload_tokens(self, role: str) -> int:
+        """A replica's CPU KV tier in tokens: the spec pool's, else the run's (pools that compute prompts)."""
+        plan = self.spec.pools[role]
+        size = plan.offload_bytes
+        if not size and (role != "decode" or self.cfg.offload_decode):
+            size = self.cfg.offload_bytes
+        return size // self.perfs[role].kv_bytes_per_token if size > 0 else 0
 
     def _push(self, t: float, kind: int, obj: object = None, version: int = 0) -> None:
         self._seq += 1

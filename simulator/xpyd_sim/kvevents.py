@@ -8,6 +8,9 @@ worker's `PrefixCache` reports its changes, and the router replicas' indexes rec
 Each rank of a data-parallel replica publishes its own events (vLLM binds rank r's publisher on the
 configured port + r). With rank targets (`per_rank`) they feed that rank's target, `URL#dpR`, as the
 router subscribes; without, they all feed the replica's one target (its index then holds the union).
+
+A worker with a CPU tier (KV offloading) also publishes that tier's changes, with medium CPU as vLLM's
+offloading connector does: a block its GPU evicts is removed there (medium GPU) and stored on the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from xpyd_router.kv_wire import CPU, GPU
 from xpyd_router.prefix_index import PrefixIndex
 from xpyd_router.targets import target_name
 from xpyd_sim.cache import KvEvent
@@ -54,7 +58,7 @@ class EventBus:
             raise ValueError(f"KV event delay must be >= 0 s, got {delay_s}")
         self.delay_s = delay_s
         self.per_rank = per_rank  # a data-parallel rank's events feed its own target
-        self._queue: deque[tuple[float, str, KvEvent]] = deque()
+        self._queue: deque[tuple[float, str, str, KvEvent]] = deque()  # (time, target, medium, event)
         self.indexes: list[EventFedIndex] = []
         self.delivered = 0
 
@@ -64,19 +68,23 @@ class EventBus:
             for cache in w.caches:
                 if cache.events is None:
                     cache.events = []
+            for tier in w.tiers:
+                if tier.events is None:
+                    tier.events = []
 
     def send(self, w: Worker, now: float) -> float | None:
         """Queue the worker's new events; the time a delivery must be scheduled, when one must be."""
         was_empty = not self._queue
         sent = False
         ranked = self.per_rank and len(w.caches) > 1
-        for rank, cache in enumerate(w.caches):
-            events = cache.events
+        tiers = [(rank, GPU, cache.events) for rank, cache in enumerate(w.caches)]
+        tiers += [(rank, CPU, tier.events) for rank, tier in enumerate(w.tiers)]
+        for rank, medium, events in tiers:
             if not events:
                 continue
             name = target_name(w.name, rank) if ranked else w.name
             for event in events:
-                self._queue.append((now, name, event))
+                self._queue.append((now, name, medium, event))
             events.clear()
             sent = True
         if not sent:
@@ -93,10 +101,12 @@ class EventBus:
         queue = self._queue
         horizon = now - self.delay_s + 1e-12
         while queue and queue[0][0] <= horizon:
-            _, name, (stored, blocks) = queue.popleft()
+            _, name, medium, (stored, blocks) = queue.popleft()
             self.delivered += 1
             for index in self.indexes:
-                if stored:
+                if medium == CPU:
+                    (index.offload if stored else index.unload)(name, blocks)
+                elif stored:
                     index.stored(name, blocks)
                 else:
                     index.discard(name, blocks)

@@ -36,7 +36,7 @@ class PoolPerf:
     """
 
     __slots__ = (
-        "_attn_per_ctx", "gpu", "gpus", "kv_bytes_per_token", "kv_capacity_tokens", "model", "parallel", "tp",
+        "_attn_per_ctx", "gpu", "gpus", "host_bandwidth", "kv_bytes_per_token", "kv_capacity_tokens", "model", "parallel", "tp",
     )  # fmt: skip
 
     def __init__(
@@ -52,6 +52,7 @@ class PoolPerf:
         self.model = model
         self.parallel = parallel
         self.gpu = gpu
+        self.host_bandwidth = gpu.host_bandwidth
         self.tp = max(1, tp)
         self.gpus = max(self.tp, gpus)
         self.kv_bytes_per_token = kv_bytes_per_token or model.kv_bytes_per_token

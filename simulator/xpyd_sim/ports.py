@@ -11,6 +11,7 @@ class Perf(Protocol):
 
     kv_capacity_tokens: int
     kv_bytes_per_token: int
+    host_bandwidth: float  # bytes/s one GPU's host link moves (KV reloads from a CPU tier)
 
     def step_seconds(self, chunks: Sequence[tuple[int, int]], batch: int, ctx_total: int) -> float:
         """One step: prefill `chunks` of (new tokens, tokens already cached) plus `batch` decodes."""

@@ -31,6 +31,8 @@ class SimRequest:
         "prefill_start",
         "prefill_worker",
         "prompt_tokens",
+        "ready",
+        "reloaded_tokens",
         "rid",
     )
 
@@ -49,7 +51,9 @@ class SimRequest:
         # until the replica's API server picks one (vLLM's load balancing); 0 on a replica of one rank
         self.prefill_rank = -1
         self.decode_rank = -1
-        self.cached_tokens = 0
+        self.cached_tokens = 0  # prompt tokens it did not compute: hit on the GPU, or reloaded from the CPU tier
+        self.reloaded_tokens = 0  # of those, the ones reloaded from the CPU tier
+        self.ready = -1.0  # when its reload from the CPU tier is done (its prefill waits until then)
         self.prefill_done = 0  # prompt tokens in the KV cache so far (cached + computed)
         self.prefill_start = -1.0
         self.prefill_end = -1.0

@@ -7,11 +7,12 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from xpyd_router.hashing import AFFINITY_BLOCKS, affinity_key
-from xpyd_router.model import RouteRequest
+from xpyd_router.model import RouterContext, RouteRequest
 from xpyd_router.policies import POLICIES, KvAwarePolicy, Policy, make_policy
 from xpyd_router.policy_base import first_hop_blocks
 from xpyd_router.pool import WorkerPool, WorkerSpec, rank_targets
 from xpyd_router.targets import split_target, target_name
+from xpyd_router.tier_cost import ReloadCost
 from xpyd_sim.kvevents import EventBus, EventFedIndex, IndexMode
 from xpyd_sim.request import SimRequest
 from xpyd_sim.worker import Worker
@@ -59,6 +60,7 @@ class SimRouter:
         event_delay_s: float = 0.05,
         dp_routing: DpRouting = "ranks",
         share_routes: bool = False,
+        pricing: ReloadCost | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"router replicas must be >= 1, got {replicas}")
@@ -71,14 +73,17 @@ class SimRouter:
         self.now = 0.0  # the simulated clock, for peers' rules that age their state
         self.bus = EventBus(event_delay_s, self.per_rank) if index != "own" else None
         self.pools = []
+        # what discovery and the route exchange tell a router in a cluster: the replicas, and whether
+        # every peer passes on its routes (as the exchange finds when every peer answers)
+        context = RouterContext(replicas=replicas, routes_shared=share_routes and replicas > 1)
         for _ in range(replicas):
             impl = self._policy(policy)
-            if isinstance(impl, KvAwarePolicy):
-                impl.replicas = replicas  # as discovery tells a router in a cluster
+            impl.set_context(context)
             pool = WorkerPool(impl, block_chars=block_tokens * CHARS_PER_TOKEN, chars_per_token=CHARS_PER_TOKEN)
             if self.bus is not None:
                 pool.index = EventFedIndex(own=index == "events+own")
                 self.bus.indexes.append(pool.index)
+            pool.index.offloaded.price(pricing, block_tokens)  # what the `tiers` scorer counts a CPU block as
             self.pools.append(pool)
         # Replicas exchanging their load (share_load) also pass on their routes, as loadshare.py does:
         # each one's (workers, blocks) since the last exchange, recorded in the others' indexes.
@@ -86,8 +91,6 @@ class SimRouter:
         if share_routes and replicas > 1:
             for log, pool in zip(self._routes, self.pools, strict=True):
                 pool.on_route = lambda workers, blocks, log=log: log.append((workers, blocks))
-                if isinstance(pool.policy, KvAwarePolicy):
-                    pool.policy.routes_shared = True  # as the exchange finds when every peer answers
         self._leading = max(1, AFFINITY_BLOCKS * ROUTER_BLOCK_TOKENS // block_tokens)
         self._by_name: dict[str, tuple[Worker, int | None]] = {}  # target -> (worker, rank or None)
         self.decisions: dict[str, int] = {}
@@ -159,7 +162,7 @@ class SimRouter:
             for (workers, keys), pool in itertools.product(log, others):
                 for name in workers:
                     if name in pool.workers:
-                        pool.index.record(name, keys)
+                        pool.index.record_peer(name, keys)
             log.clear()
         totals: dict[str, list[int]] = {}
         for pool in self.pools:

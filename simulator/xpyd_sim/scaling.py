@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
-from xpyd_api.models import AutoscalingTargets, DisaggregatedDeploymentSpec
+from xpyd_api.models import SLO_PERCENTILES, AutoscalingTargets, DisaggregatedDeploymentSpec, SloSpec
 from xpyd_operator.autoscaling_policy import AUTOSCALERS, make_policy
 from xpyd_operator.autoscaling_spec import PoolRuntime, policy_inputs
 from xpyd_operator.autoscaling_types import PoolObservation, PoolState
@@ -43,7 +43,13 @@ def scaler_spec(
     except ValidationError as exc:
         raise ValueError(f"invalid spec.autoscaling.targets: {exc}") from exc
     scaling = spec.autoscaling.model_copy(update={"enabled": True, "targets": merged})
-    return spec.model_copy(update={"autoscaling": scaling})
+    return spec.model_copy(update={"autoscaling": scaling, "slo": spec.slo or slo_spec(slo)})
+
+
+def slo_spec(slo: Slo) -> SloSpec:
+    """The simulation's SLO as spec.slo (the SLO policy's targets), at the nearest percentile it takes."""
+    percentile = min(SLO_PERCENTILES, key=lambda p: abs(p - slo.quantile * 100))
+    return SloSpec(ttft_seconds=slo.ttft_s, itl_seconds=slo.itl_s, percentile=percentile)
 
 
 class SimScaler:
@@ -60,6 +66,7 @@ class SimScaler:
         self.ttft_window: dict[str, list[float]] = {role: [] for role in cluster.spec.pools}
         self._itl_marks: dict[str, list[int]] = {}
         self._prompt_marks: dict[str, int] = {}
+        self._token_marks: dict[str, tuple[int, int, int]] = {}  # prompt queried, hit, generated
         self._last = 0.0
 
     def observe(self, now: float, itl: dict[str, Histogram]) -> dict[str, PoolObservation]:
@@ -71,6 +78,10 @@ class SimScaler:
             prompt = sum(w.stats[0] for w in self.cluster.all_workers() if w.role == role)
             rate = (prompt - self._prompt_marks.get(role, 0)) / span
             self._prompt_marks[role] = prompt
+            hit, generated = (sum(w.stats[i] for w in self.cluster.all_workers() if w.role == role) for i in (1, 3))
+            q0, h0, g0 = self._token_marks.get(role, (0, 0, 0))
+            self._token_marks[role] = (prompt, hit, generated)
+            finished_prefill = len(self.ttft_window[role])
             ttfts = sorted(self.ttft_window[role])
             self.ttft_window[role] = []
             hist = itl.get(role)
@@ -89,6 +100,9 @@ class SimScaler:
                 prompt_tokens_rate=rate,
                 reporting=len(ready),
                 sampled_at=now,
+                generation_tokens_rate=(generated - g0) / span,
+                request_rate=finished_prefill / span,
+                prefix_hit_ratio=(hit - h0) / (prompt - q0) if prompt > q0 else None,
             )
         self._last = now
         return out

@@ -50,6 +50,7 @@ class PoolPlan:
     tp: int
     expert_parallel: bool = False
     dp: int = 1
+    offload_bytes: int = 0  # host memory a replica keeps KV in (its CPU tier; 0: none)
 
 
 def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
@@ -179,7 +180,7 @@ def parse(doc: Any, topology: str | None = None, gpu: str | None = None) -> SimS
         raise SpecError(f"invalid DisaggregatedDeployment: {exc}") from exc
     spec = dd.spec
     try:
-        model = resolve_model(spec.model.name)
+        model = sizing.declared_model(spec) or resolve_model(spec.model.name)  # an inline spec.model.config too
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
     name = str(dd.metadata.get("name", "unnamed"))

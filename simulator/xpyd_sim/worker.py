@@ -5,7 +5,8 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from xpyd_sim.cache import PrefixCache
+from xpyd_router.tier_cost import HOST_LINK_EFFICIENCY
+from xpyd_sim.cache import CpuTier, PrefixCache
 from xpyd_sim.metrics import Histogram
 from xpyd_sim.ports import Perf
 from xpyd_sim.request import SimRequest
@@ -22,10 +23,17 @@ class Worker:
     5), and counts each rank's waiting and running requests, which its API server balances on
     (`pick_rank`). Its steps stay priced as one engine over all ranks (PoolPerf), so only the
     cache a request meets depends on its rank.
+
+    With a CPU tier (`cpu_blocks`, KV offloading) the blocks each rank's cache evicts move to host
+    memory (`CpuTier`); a prompt whose prefix continues there past the GPU-held part reloads those
+    blocks over the host link (`GpuSpec.host_bandwidth` per GPU, one reload after another on the
+    replica's links) instead of computing them, and its prefill waits for the reload (as vLLM's
+    offloading connector holds a request until its KV is loaded): the reload is part of its TTFT.
     """
 
     __slots__ = (
         "_chunks",
+        "_idle_wait",
         "_joined",
         "assigned",
         "block_tokens",
@@ -38,6 +46,8 @@ class Worker:
         "domain",
         "end",
         "gpus",
+        "host_free",
+        "host_rate",
         "index",
         "kv_cap",
         "kv_used",
@@ -53,6 +63,7 @@ class Worker:
         "rank_kv",
         "rank_queued",
         "ranks",
+        "reloaded",
         "role",
         "routed",
         "running",
@@ -62,6 +73,7 @@ class Worker:
         "state",
         "stats",
         "steps",
+        "tiers",
         "token_budget",
         "version",
         "waiting",
@@ -80,6 +92,7 @@ class Worker:
         max_seqs: int = 256,
         cache_tokens: int | None = None,
         ranks: int = 1,
+        cpu_blocks: int = 0,
     ) -> None:
         self.index = index
         self.name = f"{role}-{index}"
@@ -95,7 +108,17 @@ class Worker:
         # the prefix cache lives in the free KV blocks; `cache_tokens` caps it lower (a smaller cache)
         limit = self.kv_cap if cache_tokens is None else min(self.kv_cap, cache_tokens)
         self.ranks = max(1, ranks)
-        self.caches = [PrefixCache(limit // self.ranks // block_tokens) for _ in range(self.ranks)]
+        # the CPU tier of each rank (its share of the replica's host memory for KV), none without offloading
+        self.tiers = [CpuTier(cpu_blocks // self.ranks) for _ in range(self.ranks)] if cpu_blocks > 0 else []
+        self.caches = [
+            PrefixCache(limit // self.ranks // block_tokens, self.tiers[r] if self.tiers else None)
+            for r in range(self.ranks)
+        ]
+        # bytes/s the replica reloads KV from host memory at: every GPU's host link, each its shard
+        self.host_rate = perf.host_bandwidth * HOST_LINK_EFFICIENCY * gpus if self.tiers else 0.0
+        self.host_free = 0.0  # when the host links are free for the next reload
+        self.reloaded = 0  # prompt tokens reloaded from the CPU tier instead of computed
+        self._idle_wait = False  # the scheduled "step" only waits for a reload to finish
         self.cache = self.caches[0]  # the replica's cache when it has one rank
         self.rank_cap = self.kv_cap // self.ranks  # each rank's KV tokens
         self.rank_kv = [0] * self.ranks  # KV tokens held per rank (they sum to kv_used)
@@ -181,8 +204,25 @@ class Worker:
         cache = self.caches[rank]
         cache.trim(min(cache.capacity, (self.rank_cap - self.rank_kv[rank]) // self.block_tokens))
 
+    def _reload(self, req: SimRequest, blocks: int, now: float) -> None:
+        """The prompt's next `blocks` blocks are in host memory: reload them (after the reloads ahead)
+        instead of computing them; the prefill waits for them (`req.ready`)."""
+        tokens = min(blocks * self.block_tokens, req.prompt_tokens - 1 - req.cached_tokens)
+        if tokens <= 0 or self.host_rate <= 0:
+            return
+        start = max(now, self.host_free)
+        req.ready = self.host_free = start + tokens * self.perf.kv_bytes_per_token / self.host_rate
+        req.reloaded_tokens = tokens
+        req.cached_tokens += tokens
+        self.reloaded += tokens
+
     def interrupt(self, now: float) -> float:
         """Cut a decode segment at the next step boundary so new work joins; new end or -1."""
+        if self._idle_wait and self.end > now:  # only waiting for a reload: plan again now
+            self.seg_dt = now - self.seg_start
+            self.end = now
+            self.version += 1
+            return now
         if self.end < 0 or self.seg_k <= 1:
             return -1.0
         done = int((now - self.seg_start) / self.seg_dt) + 1
@@ -217,9 +257,13 @@ class Worker:
         chunks = self._chunks
         budget = self.token_budget - len(running)
         priced: list[tuple[int, int]] = []
+        wake = -1.0  # the first reload still under way: the step must end by then
         for req in self.waiting:
             if budget <= 0:
                 break
+            if req.ready > now:  # its KV is still on its way from host memory: the others go on
+                wake = req.ready if wake < 0 else min(wake, req.ready)
+                continue
             if req.prefill_start < 0:
                 reserve = req.prompt_tokens + (req.output_tokens if req.direct else 0)
                 if self.kv_used + reserve > self.kv_cap and (running or chunks or self.kv_used):
@@ -233,13 +277,19 @@ class Worker:
                 self.rank_queued[rank] -= 1
                 self.rank_busy[rank] += 1
                 self._trim(rank)
-                hit = self.caches[rank].match(req.blocks) * self.block_tokens
-                req.cached_tokens = min(hit, req.prompt_tokens - 1)
+                cache = self.caches[rank]
+                held = cache.match(req.blocks)
+                req.cached_tokens = min(held * self.block_tokens, req.prompt_tokens - 1)
+                if cache.spill is not None:
+                    self._reload(req, cache.spill.run(req.blocks, held), now)
                 req.prefill_done = req.cached_tokens
                 req.prefill_start = now
                 self.prefilling += 1
                 self.stats[0] += req.prompt_tokens
                 self.stats[1] += req.cached_tokens
+                if req.ready > now:
+                    wake = req.ready if wake < 0 else min(wake, req.ready)
+                    continue
             chunk = min(req.prompt_tokens - req.prefill_done, budget)
             # vLLM caches the full blocks a step will compute when it schedules them (allocate_slots ->
             # cache_blocks), so a prompt scheduled after this one hits them, even before they are done
@@ -249,12 +299,18 @@ class Worker:
             priced.append((chunk, req.prefill_done))
             chunks.append((req, chunk))
             budget -= chunk
+        self._idle_wait = False
         if chunks:
             k = 1
             dt = perf.step_seconds(priced, len(running), self.ctx)
         elif running:
             k = running[0][0] - self.steps
             dt = perf.decode_step_seconds(len(running), self.ctx + len(running) * (k - 1) // 2)
+            if wake > now:  # end the segment at the step a reload finishes in, so its prefill starts
+                k = max(1, min(k, -int(-(wake - now) // dt)))
+        elif wake > now:  # nothing to run until a reload finishes
+            k, dt = 1, wake - now
+            self._idle_wait = True
         else:
             self.end = -1.0
             return -1.0
@@ -277,7 +333,8 @@ class Worker:
         computed here for their own answer, which now have a first token, are added to `started`)."""
         running = self.running
         k, batch = self.seg_k, len(running)
-        self.busy_s += self.seg_dt * k
+        if not self._idle_wait:
+            self.busy_s += self.seg_dt * k
         if batch:
             self.steps += k
             self.ctx += batch * k
@@ -300,7 +357,10 @@ class Worker:
             self.stats[2] += chunk
             if req.prefill_done < req.prompt_tokens:
                 continue
-            self.waiting.popleft()
+            if self.waiting[0] is req:
+                self.waiting.popleft()
+            else:  # a request ahead of it waits for a reload
+                self.waiting.remove(req)
             self.prefilling -= 1
             req.prefill_end = now
             rank = req.prefill_rank if req.prefill_rank >= 0 else 0

@@ -133,5 +133,5 @@ def test_static_holds_and_registry_names() -> None:
     assert {"xpyd", "off"} <= set(AUTOSCALERS)
     assert "keda" not in AUTOSCALERS  # a benchmark baseline (bench/baselines), not a product policy
     assert isinstance(make_policy("xpyd"), XpydPolicy)
-    with pytest.raises(ValueError, match="unknown autoscaler 'hpa'; known: off, xpyd"):
+    with pytest.raises(ValueError, match="unknown autoscaler 'hpa'; known: off, slo, xpyd"):
         make_policy("hpa")

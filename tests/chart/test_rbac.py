@@ -30,11 +30,13 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("policy", "poddisruptionbudgets"): OWN,
     ("rbac.authorization.k8s.io", "roles"): OWN,
     ("rbac.authorization.k8s.io", "rolebindings"): OWN,
+    ("networking.k8s.io", "networkpolicies"): OWN,  # spec.networkPolicy (netpolicy.py)
     ("resource.nvidia.com", "computedomains"): OWN,
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): OWN,
     ("", "pods"): READ,
     ("discovery.k8s.io", "endpointslices"): READ,
     ("", "events"): ("create",),
+    ("", "configmaps"): ("get",),  # spec.model.configMap, by name (reconcile.Reconciler._model_config)
 }
 CLUSTER: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "nodes"): READ,
@@ -82,11 +84,12 @@ def test_namespaced_mode_splits_role_and_cluster_reads() -> None:
 
 
 @pytest.mark.parametrize("values", [{}, {"operator.watchNamespace": "team-a"}])
-def test_no_secrets_configmaps_or_wildcards(values: dict[str, str]) -> None:
+def test_no_secrets_no_configmap_listing_or_wildcards(values: dict[str, str]) -> None:
     for role in _roles(template(values)):
         for group, resource, verb in grants(role["rules"]):
             assert "*" not in (group, resource, verb), role["metadata"]["name"]
-            assert resource not in ("secrets", "configmaps"), role["metadata"]["name"]
+            assert resource != "secrets", role["metadata"]["name"]
+            assert resource != "configmaps" or verb == "get", role["metadata"]["name"]  # by name: no list, no watch
             assert verb not in ("escalate", "bind", "impersonate"), role["metadata"]["name"]
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule

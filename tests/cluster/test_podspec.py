@@ -9,6 +9,7 @@ import pytest
 from xpyd_cluster import podspec
 from xpyd_cluster.nodes import clique_id
 
+CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
 B200 = podspec.NodeFacts("b200-0", {"nvidia.com/gpu.product": "NVIDIA-B200"})
 TRAY = podspec.NodeFacts(
     "gb200-r1-t03", {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.clique": clique_id(1)}
@@ -34,6 +35,7 @@ def pod(
     [
         ("vllm/vllm-openai:v0.11.0", "engine"),
         ("lmsysorg/sglang:v0.5.3", "engine"),
+        (f"{CPU_IMAGE}:v0.32.0", "real"),
         ("ghcr.io/xpyd/xpyd:0.1.0", "own"),
         ("xpyd:dev", "own"),
         ("nginx:1.27", "placeholder"),
@@ -185,3 +187,77 @@ def test_own_image_without_command_runs_xpyd_with_the_args() -> None:
     own = pod("ghcr.io/xpyd/xpyd:1", args=["router", "--port", "8000"])
     plan = podspec.plan(own, "127.1.0.5", B200, xpyd="/v/xpyd")
     assert plan.argv == ["/v/xpyd", "router", "--port", "8000"]
+
+
+EVENTS = '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5657","topic":"t"}'
+
+
+def test_a_real_vllm_pod_runs_the_cpu_build_on_its_own_address() -> None:
+    command = ["vllm", "serve", "org/m", "--port", "8000", "--kv-events-config", EVENTS, "--block-size", "32"]
+    p = pod(f"{CPU_IMAGE}:v0.32.0", command=command, env=[{"name": "OMP_NUM_THREADS", "value": "2"}])
+    plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm="/venv/bin/python")
+    assert plan.kind == "real"
+    assert plan.argv[:8] == [
+        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "org/m", "--host", "127.1.0.7",
+        "--port",
+    ]  # fmt: skip
+    events = plan.argv[plan.argv.index("--kv-events-config") + 1]
+    assert '"endpoint":"tcp://[::ffff:127.1.0.7]:5557"' in events  # binds the pod's address, not every address
+    assert '"replay_endpoint":"tcp://[::ffff:127.1.0.7]:5657"' in events
+    assert plan.argv[-2:] == ["--block-size", "32"]
+    assert plan.env["VLLM_HOST_IP"] == "127.1.0.7" and plan.env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert plan.env["OMP_NUM_THREADS"] == "2"  # the pod's own env wins over the image's
+
+
+def test_a_real_vllm_pod_without_the_install_fails_saying_what_to_run() -> None:
+    p = pod(f"{CPU_IMAGE}:v0.32.0", command=["vllm", "serve", "org/m"])
+    plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm=None)
+    assert "install-vllm-cpu.sh" in plan.argv[-1] and plan.argv[1] == "-c"
+
+
+def test_a_real_vllm_pod_runs_only_vllm_serve() -> None:
+    p = pod(f"{CPU_IMAGE}:v0.32.0", command=["/bin/sh", "-c", "exec vllm serve m --headless"])
+    plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm="/venv/bin/python")
+    assert "runs `vllm serve MODEL ...`" in plan.argv[-1]
+
+
+DRAIN = "sleep 5; n=$(curl -s localhost:8000/metrics || wget -qO- 127.0.0.1:8000/metrics); echo $(POD_IP)"
+
+
+def test_startup_probe_is_planned_for_every_pod() -> None:
+    startup = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 180}
+    for image in (f"{CPU_IMAGE}:v0.32.0", "vllm/vllm-openai:v0.11.0"):
+        p = pod(image, command=["vllm", "serve", "m"], ports=[{"name": "http", "containerPort": 8000}],
+                startupProbe=startup)  # fmt: skip
+        plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm="/venv/bin/python")
+        assert plan.startup == podspec.Probe(port=8000, path="/health", period=10.0, failure_threshold=180)
+
+
+def test_a_real_vllm_pods_drain_hook_runs_on_its_own_address() -> None:
+    """vLLM aborts what is in flight on SIGTERM: its pod's preStop drain runs first, `localhost` being the pod."""
+    hook = {"preStop": {"exec": {"command": ["/bin/sh", "-c", DRAIN]}}}
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    p = pod(f"{CPU_IMAGE}:v0.32.0", command=["vllm", "serve", "m"], lifecycle=hook, env=env)
+    plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm="/venv/bin/python")
+    drain = "sleep 5; n=$(curl -s 127.1.0.7:8000/metrics || wget -qO- 127.1.0.7:8000/metrics); echo 127.1.0.7"
+    assert plan.pre_stop == ["/bin/sh", "-c", drain]
+
+
+def test_emulator_and_own_pods_drain_on_sigterm_without_the_hook() -> None:
+    hook = {"preStop": {"exec": {"command": ["/bin/sh", "-c", DRAIN]}}}
+    for image in ("vllm/vllm-openai:v0.11.0", "ghcr.io/xpyd/xpyd:0.1.0", "nginx:1.27"):
+        plan = podspec.plan(pod(image, command=["vllm", "serve", "m"], lifecycle=hook), "127.1.0.7", B200, xpyd="x")
+        assert plan.pre_stop == [], image
+
+
+@pytest.mark.parametrize(
+    ("word", "expected"),
+    [
+        ("curl localhost:8000/x", "curl 127.1.0.7:8000/x"),
+        ("http://127.0.0.1:9/m", "http://127.1.0.7:9/m"),
+        ("mylocalhost:80 localhost.example:80 127.0.0.10:80", "mylocalhost:80 localhost.example:80 127.0.0.10:80"),
+        ("localhost", "localhost"),  # a name without a port is left alone
+    ],
+)
+def test_own_address_rewrites_only_the_pods_loopback_endpoints(word: str, expected: str) -> None:
+    assert podspec._own_address(word, "127.1.0.7") == expected

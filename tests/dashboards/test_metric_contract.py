@@ -50,8 +50,9 @@ def _sample_names(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def worker_metrics(emulate: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
-    """The /metrics text of a real emulated vLLM worker process after it served one request."""
-    with emulate(MODEL) as url:
+    """The /metrics text of a real emulated vLLM worker process after it served one request (with a KV
+    connector, as the pools of a disaggregated deployment run: its NIXL series are exported then)."""
+    with emulate(MODEL, "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}') as url:
         body = {"model": MODEL, "prompt": "hello " * 64, "max_tokens": 4}
         httpx.post(url + "/v1/completions", json=body, timeout=60).raise_for_status()
         yield httpx.get(url + "/metrics", timeout=10).text

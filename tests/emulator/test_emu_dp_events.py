@@ -127,7 +127,7 @@ async def test_each_rank_publishes_on_its_own_port_with_its_rank_and_sequence() 
     text = prompt(1001)
     ids, hashes = token_ids(text), block_hashes_text(text, 16)
     full = len(hashes) * 16
-    assert batches[1][1][1].events == [BlockStored(hashes, None, ids[:full].tolist(), 16, None, "GPU")]
+    assert batches[1][1][1].events == [BlockStored(hashes, None, ids[:full].tolist(), 16, None, "GPU", None)]
 
 
 def test_an_endpoint_vllm_cannot_offset_fails_at_start() -> None:

@@ -191,14 +191,14 @@ async def test_out_of_range_ranks_are_400_on_every_route_and_bad_headers_are_ign
 
 async def test_one_engine_and_sglang_ignore_the_header() -> None:
     cmd = ["python3", "-m", "sglang.launch_server", "--model-path", MODEL, "--port", str(free_port(HOST)),
-           "--tp", "4", "--dp-size", "4", "--enable-dp-attention"]  # fmt: skip
+           "--tp", "4", "--dp-size", "4", "--enable-dp-attention", "--enable-metrics"]  # fmt: skip
     sglang = Worker(parse_engine_command(cmd, {"XPYD_BIND_HOST": HOST}, zero_delay=True))
-    for worker in (_worker(zero_delay=True), sglang):
+    for worker, label in ((_worker(zero_delay=True), "engine"), (sglang, "tp_rank")):  # SGLang's own labels
         async with serving(worker) as base, aiohttp.ClientSession() as http:
             status, doc = await _post(http, base, {"prompt": PROMPT, "max_tokens": 2}, "7")
             assert status == 200, doc
             async with http.get(base + "/metrics") as resp:
-                engines = {s.labels["engine"] for f in text_string_to_metric_families(await resp.text())
+                engines = {s.labels[label] for f in text_string_to_metric_families(await resp.text())
                            for s in f.samples}  # fmt: skip
         assert worker.ranks == 1 and worker.metrics.prompt_tokens == 114 and engines == {"0"}
 

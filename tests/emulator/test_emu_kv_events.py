@@ -22,15 +22,16 @@ from xpyd_emulator.tokens import block_hashes_text, token_ids
 HOST = "127.0.0.1"
 
 
-# vLLM v0.11's schema, as vllm/distributed/kv_events.py declares it (and its kv_events_subscriber example):
-# written here independently of the emulator's encoder, which the tests must not trust.
+# vLLM 0.32's schema, as vllm/distributed/kv_events.py declares it (events are tagged maps from 0.32, arrays
+# before): written here independently of the emulator's encoder, which the tests must not trust (and
+# tests/contract decodes the emulator's bytes with the release's own Structs).
 class VEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[Any]
     data_parallel_rank: int | None = None
 
 
-class VKVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+class VKVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 
 
@@ -41,6 +42,8 @@ class BlockStored(VKVCacheEvent):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
 
 
 class BlockRemoved(VKVCacheEvent):
@@ -99,14 +102,15 @@ def test_pool_events_on_the_wire_are_vllm_bytes() -> None:
     batch = DECODE(payload)
     assert batch.data_parallel_rank == 0
     first, second, *removed = batch.events
-    assert first == BlockStored(hashes[:2], None, ids[:32].tolist(), 16, None, "GPU")
-    assert second == BlockStored(hashes[2:], hashes[1], ids[32:80].tolist(), 16, None, "GPU")
+    assert first == BlockStored(hashes[:2], None, ids[:32].tolist(), 16, None, "GPU", None)
+    assert second == BlockStored(hashes[2:], hashes[1], ids[32:80].tolist(), 16, None, "GPU", None)
     # The LRU end holds the prompt's tail (vLLM frees a request's blocks in reverse): block 4 goes, one event.
     assert removed == [BlockRemoved([hashes[4]], "GPU")]
-    raw = msgspec.msgpack.decode(payload)  # and the positional layout itself, field by field
-    assert raw[1][1][:3] == ["BlockStored", hashes[2:], hashes[1]]
-    assert raw[1][1][4:] == [16, None, "GPU"]
-    assert raw[1][2] == ["BlockRemoved", [hashes[4]], "GPU"]
+    raw = msgspec.msgpack.decode(payload)  # and the layout itself: the batch an array, each event a map
+    assert raw[1][1] == {"type": "BlockStored", "block_hashes": hashes[2:], "parent_block_hash": hashes[1],
+                         "token_ids": ids[32:80].tolist(), "block_size": 16, "lora_id": None, "medium": "GPU",
+                         "lora_name": None}  # fmt: skip
+    assert raw[1][2] == {"type": "BlockRemoved", "block_hashes": [hashes[4]], "medium": "GPU"}
 
 
 @pytest.mark.parametrize(
@@ -115,14 +119,8 @@ def test_pool_events_on_the_wire_are_vllm_bytes() -> None:
         ([("cleared",)], False, [AllBlocksCleared()]),
         ([("removed", [7])], False, [BlockRemoved([7], "GPU")]),
         ([("stored", [1, 2], None, list(range(32)))], False,
-         [BlockStored([1, 2], None, list(range(32)), 16, None, "GPU")]),
-        (  # SGLang: one BlockStored per page, chained through parent_block_hash
-            [("stored", [1, 2], 9, list(range(32)))],
-            True,
-            [BlockStored([1], 9, list(range(16)), 16, None, "GPU"),
-             BlockStored([2], 1, list(range(16, 32)), 16, None, "GPU")],
-        ),
-    ],
+         [BlockStored([1, 2], None, list(range(32)), 16, None, "GPU", None)]),
+    ],  # SGLang's layout: test_emu_engine_wire.py
 )  # fmt: skip
 def test_each_event_kind_encodes_as_the_engines_do(events: list[Any], per_page: bool, expected: list[Any]) -> None:
     payload = msgspec.msgpack.encode(KVEventBatch(1.0, to_wire(events, 16, per_page), 0))
@@ -203,7 +201,7 @@ async def test_a_served_request_publishes_its_prompt_blocks_and_a_reset_clears()
     finally:
         ctx.term()
     blocks = block_hashes_text(prompt, 16)
-    assert stored == [BlockStored(blocks, None, token_ids(prompt)[:112].tolist(), 16, None, "GPU")]
+    assert stored == [BlockStored(blocks, None, token_ids(prompt)[:112].tolist(), 16, None, "GPU", None)]
     assert cleared == [AllBlocksCleared()]
 
 

@@ -12,7 +12,9 @@ from xpyd_emulator.engine import Sequence
 from xpyd_emulator.parallel import domain_gpus
 from xpyd_emulator.shellwords import expand, split_shell
 from xpyd_emulator.worker import Worker
-from xpyd_operator import engine_ranks, podneeds
+from xpyd_operator import engine_ranks
+from xpyd_operator.engines import sglang as sglang_engine
+from xpyd_operator.engines import vllm as vllm_engine
 from xpyd_perf import attention_flops
 from xpyd_perf.timing import group_step_seconds
 
@@ -158,13 +160,13 @@ def test_every_rank_the_operator_renders_parses_to_its_place(engine: str, role: 
         base = [SGL, "--tp 32 --dp-size 32 --enable-dp-attention --ep-size 32", f"--disaggregation-mode {role}"]
     for index in range(layout.pods):
         rank: engine_ranks.Rank = "leader" if index == 0 else "worker"
-        words = (engine_ranks.vllm_flags(layout, rank) if engine == "vllm"
-                 else engine_ranks.sglang_flags(layout, role))  # fmt: skip
+        words = (vllm_engine.rank_flags(layout, rank) if engine == "vllm"
+                 else sglang_engine.rank_flags(layout, role))  # fmt: skip
         argv = engine_ranks.shell([*shlex.split(" ".join(base)), *words])
         env = {"LWS_LEADER_ADDRESS": "ds-prefill-0.ds-prefill.ns", "LWS_GROUP_SIZE": "4"}
         env["LWS_WORKER_INDEX"] = str(index)
         if engine == "vllm":  # vLLM v0.11.0 takes its all-to-all kernel from the env the operator sets
-            env[podneeds.VLLM_ALL2ALL_ENV] = podneeds.VLLM_ALL2ALL[role]
+            env[vllm_engine.ALL2ALL_ENV] = vllm_engine.ALL2ALL[role]
         cfg = parse_engine_command(["xpyd-entrypoint-ignored", *argv][1:], env)
         port = 29550 if engine == "vllm" else 20000
         assert (cfg.group.nodes, cfg.group.rank, cfg.group.api) == (4, index, index == 0)

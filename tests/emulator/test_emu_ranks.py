@@ -115,12 +115,13 @@ async def test_leader_health_waits_then_breaks_for_good_on_a_lost_rank() -> None
             w.close()
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if condition():
-            return
+async def until(condition: Callable[[], bool], seconds: float = 15.0) -> None:
+    """Polls `condition` by the clock (a loaded machine sleeps longer than asked), up to `seconds`."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {seconds:g} s")
         await asyncio.sleep(0.01)
-    raise AssertionError("condition not met within 5 s")
 
 
 async def test_leader_counts_a_silent_rank_lost() -> None:

@@ -1,5 +1,5 @@
 """`xpyd render` of each reference example gives pods carrying what the public references agree a real
-engine needs (REFERENCES.md's checklist): one row per feature, checked on every engine pod."""
+engine needs (the reference deployments' checklist): one row per feature, checked on every engine pod."""
 
 from __future__ import annotations
 
@@ -126,13 +126,14 @@ def rdma_resource_and_capability(pod: Pod, ref: Reference) -> None:  # L-MS, D-A
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
 
 
-def side_channel_host(pod: Pod, ref: Reference) -> None:  # L-W, L-PD, L-MS; NixlConnector kv_both: all
+def side_channel_host(pod: Pod, ref: Reference) -> None:  # L-W, L-PD, L-MS; NixlConnector: all
     c = _engine(pod)
     assert _env(pod)[L.ENV_NIXL_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
     if _serves_api(pod):
         assert {"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"} in c["ports"]
     config = json.loads(_flag(_argv(pod), "--kv-transfer-config", "{}"))
-    assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == "kv_both"
+    # the references' kv_both is deprecated from vLLM 0.23: producer on prefill, consumer on decode (docs/engines.md)
+    assert config["kv_connector"] == "NixlConnector" and config["kv_role"] in ("kv_producer", "kv_consumer")
 
 
 def topology_environment(pod: Pod, ref: Reference) -> None:  # sockets: L-W, L-SGL; MNNVL: D-GB; arm64: L-A4X

@@ -63,9 +63,17 @@ class FakeKube:
         self.fail_next_apply = 0
         self.compute_domain_crd = False
         self.lws_crd = False
+        self.config_maps: dict[str, dict[str, str]] = {}  # name -> data, in the deployment's namespace
+        self.forbidden_config_maps = False  # RBAC without get on configmaps
 
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.dd)
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        if self.forbidden_config_maps:
+            raise PermissionError(f'configmaps "{name}" is forbidden')
+        found = self.config_maps.get(name)
+        return dict(found) if found is not None else None
 
     async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
         children = copy.deepcopy(self.objects)

@@ -11,9 +11,10 @@ from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes, spec  # type: ign
 from xpyd_api import conditions as C
 from xpyd_api import labels as L
 from xpyd_api.layout import replica_layout
-from xpyd_operator import engine_ranks, groups, routerkit
+from xpyd_operator import engine_ranks, groups
 from xpyd_operator.autoscaling_spec import pool_runtime
 from xpyd_operator.desired import Observed, desire
+from xpyd_operator.engines import vllm as vllm_engine
 from xpyd_operator.placement import Demand, unschedulable_reason
 from xpyd_operator.reconcile import Reconciler
 
@@ -86,7 +87,9 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
     assert "--headless --data-parallel-start-rank $(( ${LWS_WORKER_INDEX:-0} * 8 ))" in worker
     for role, kernel in (("prefill", "deepep_high_throughput"), ("decode", "deepep_low_latency")):
         template = out[("LeaderWorkerSet", f"llama-{role}")]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
-        assert {"name": "VLLM_ALL2ALL_BACKEND", "value": kernel} in template["spec"]["containers"][0]["env"]
+        assert f"--all2all-backend {kernel}" in _cmd(out[("LeaderWorkerSet", f"llama-{role}")], "worker")
+        names = {e["name"] for e in template["spec"]["containers"][0]["env"]}
+        assert "VLLM_ALL2ALL_BACKEND" not in names  # the variable is gone from today's vLLM: it would only warn
     leader_c = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker_c = lwt["workerTemplate"]["spec"]["containers"][0]
     assert leader_c["resources"]["limits"][L.GPU_RESOURCE] == "8" == worker_c["resources"]["limits"][L.GPU_RESOURCE]
@@ -100,22 +103,22 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
 @pytest.mark.parametrize(
     ("kind", "image", "routing", "topology", "gpus", "nodes", "workload", "want"),
     [
-        # vLLM passes X-data-parallel-rank on to its engines from v0.14.0; the default image is older
-        ("vllm", "vllm/vllm-openai:v0.14.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),
-        ("vllm", "vllm/vllm-openai:v0.33.1", "auto", "HGX-B200", 8, b200_nodes(8), "StatefulSet", ("8", "8")),
-        ("vllm", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # v0.11.0 drops the header
-        ("vllm", "vllm/vllm-openai:v0.13.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
-        ("vllm", "registry.local/vllm:custom", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
-        ("vllm", "registry.local/vllm:custom", "ranks", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", ("16", "8")),
-        ("vllm", "vllm/vllm-openai:v0.14.0", "engine", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),
-        ("emulator", None, "auto", "GB200-NVL72", 32, nvl72_nodes(), "LeaderWorkerSet", ("32", "4")),
-        ("sglang", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", None),  # SGLang picks its own rank
+        # vLLM passes X-data-parallel-rank on to its engines from v0.14.0 (the default image's is newer);
+        # before, and for SGLang, the engine balances its ranks and the router subscribes to every rank's events
+        ("vllm", "vllm/vllm-openai:v0.14.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "ranks"),
+        ("vllm", "vllm/vllm-openai:v0.33.1", "auto", "HGX-B200", 8, b200_nodes(8), "StatefulSet", "ranks"),
+        ("vllm", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "ranks"),
+        ("vllm", "vllm/vllm-openai:v0.11.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "engine"),
+        ("vllm", "vllm/vllm-openai:v0.13.0", "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "engine"),
+        ("vllm", "vllm/vllm-openai:v0.13.0", "ranks", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "ranks"),
+        ("vllm", "vllm/vllm-openai:v0.14.0", "engine", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "engine"),
+        ("emulator", None, "auto", "GB200-NVL72", 32, nvl72_nodes(), "LeaderWorkerSet", "ranks"),
+        ("sglang", None, "auto", "HGX-B200", 16, b200_nodes(8), "LeaderWorkerSet", "engine"),
     ],
 )
 def test_the_api_pod_tells_the_router_its_data_parallel_ranks(
-    kind: str, image: str | None, routing: str, topology: str, gpus: int, nodes: Any, workload: str,
-    want: tuple[str, str] | None,
-) -> None:  # fmt: skip
+    kind: str, image: str | None, routing: str, topology: str, gpus: int, nodes: Any, workload: str, want: str
+) -> None:
     body = wide_ep(topology, gpus, gpus, kind)
     body["engine"]["image"] = image
     body["router"] = {"dataParallelRouting": routing}
@@ -127,26 +130,20 @@ def test_the_api_pod_tells_the_router_its_data_parallel_ranks(
     else:
         api = manifest["spec"]["template"]
     annotations = api["metadata"]["annotations"]
-    got = (annotations[L.DATA_PARALLEL_SIZE], annotations[L.DATA_PARALLEL_LOCAL]) if want else None
-    assert got == want
-    if want is None:
-        assert L.DATA_PARALLEL_SIZE not in annotations
+    size, local = (32, 4) if topology == "GB200-NVL72" else (gpus, 8)
+    got = (annotations[L.DATA_PARALLEL_SIZE], annotations[L.DATA_PARALLEL_LOCAL], annotations[L.DATA_PARALLEL_ROUTING])
+    assert got == (str(size), str(local), want)
 
 
 @pytest.mark.parametrize(
-    ("image", "version"),
-    [
-        ("vllm/vllm-openai:v0.14.0", (0, 14, 0)),
-        ("vllm/vllm-openai:0.14.1", (0, 14, 1)),
-        ("registry:5000/vllm-openai:v1.2.3-cu129", (1, 2, 3)),
-        ("vllm/vllm-openai:v0.14.0@sha256:" + "a" * 64, (0, 14, 0)),
-        ("vllm/vllm-openai:latest", None),
-        ("vllm/vllm-openai", None),
-        ("registry:5000/vllm@sha256:" + "b" * 64, None),
-    ],
+    ("image", "version"), [("registry.local/vllm:custom", "0.13.0"), ("r/v@sha256:" + "a" * 64, "0.14.0")]
 )
-def test_image_version(image: str, version: tuple[int, int, int] | None) -> None:
-    assert routerkit.image_version(image) == version
+def test_an_image_without_a_version_tag_takes_spec_engine_version(image: str, version: str) -> None:
+    body = wide_ep("HGX-B200", 16, 16)
+    body["engine"] = {"kind": "vllm", "image": image, "version": version}
+    annotations = _render(body, b200_nodes(8))[("LeaderWorkerSet", "llama-prefill")]["spec"]["leaderWorkerTemplate"]
+    got = annotations["leaderTemplate"]["metadata"]["annotations"]
+    assert got[L.DATA_PARALLEL_ROUTING] == ("ranks" if version == "0.14.0" else "engine")  # the release decides
 
 
 def test_gb200_groups_share_one_clique_and_hold_the_imex_channel() -> None:
@@ -171,7 +168,8 @@ def test_sglang_ranks_join_by_dist_init_addr() -> None:
     script = _cmd(out[("LeaderWorkerSet", "llama-prefill")], "worker")
     assert "--nnodes 2 --node-rank ${LWS_WORKER_INDEX:-0}" in script
     assert f"--dist-init-addr ${{LWS_LEADER_ADDRESS}}:{L.SGLANG_DIST_PORT}" in script
-    assert "--tp-size 16 --dp-size 16 --enable-dp-attention" in script and "--deepep-mode normal" in script
+    assert "--tp-size 16 --attn-dp-size 16" in script and "--deepep-mode normal" in script  # SGLang 0.5.23's
+    assert "--enable-dp-attention" not in script and "--enable-metrics" in script
 
 
 @pytest.mark.parametrize(
@@ -186,7 +184,7 @@ def test_sglang_ranks_join_by_dist_init_addr() -> None:
 )
 def test_vllm_tensor_parallel_across_nodes(rank: str, expected: list[str]) -> None:
     lay = replica_layout(16, 16, 1, 1, False, 8)
-    flags = engine_ranks.vllm_flags(lay, "leader" if rank == "leader" else "worker")
+    flags = vllm_engine.rank_flags(lay, "leader" if rank == "leader" else "worker")
     words = [w.text if isinstance(w, engine_ranks.Raw) else w for w in flags]
     assert all(e in words for e in expected)
     assert "--data-parallel-address" not in words
@@ -300,11 +298,11 @@ def test_multi_node_environment_never_repeats_a_name() -> None:
 @pytest.mark.parametrize(
     ("image", "tp", "dp", "refused"),
     [
-        (None, 16, 1, True),  # the default vllm/vllm-openai:v0.11.0: tensor parallel across nodes needs Ray there
+        (None, 16, 1, False),  # the default (newest) image
+        ("vllm/vllm-openai:v0.11.0", 16, 1, True),  # tensor parallel across nodes needs Ray there
         ("vllm/vllm-openai:v0.11.1", 16, 1, False),
         ("vllm/vllm-openai:v0.12.0-cu129", 16, 1, False),
-        ("registry.local/vllm:latest", 16, 1, False),  # no version in the tag: not judged
-        (None, 1, 16, False),  # data parallel across nodes works on v0.11.0
+        ("vllm/vllm-openai:v0.11.0", 1, 16, False),  # data parallel across nodes works on v0.11.0
     ],
 )
 def test_vllm_too_old_for_tensor_parallel_across_nodes(image: str | None, tp: int, dp: int, refused: bool) -> None:
@@ -313,4 +311,4 @@ def test_vllm_too_old_for_tensor_parallel_across_nodes(image: str | None, tp: in
     desired = desire(OWNER, spec(**body), Observed(nodes=b200_nodes(8), lws_crd=True), IMG, IMG)
     assert (desired.error is not None and desired.error[0] == "EngineTooOld") is refused
     if refused:
-        assert desired.error is not None and "v0.11.1" in desired.error[1] and "prefill" in desired.error[1]
+        assert desired.error is not None and "vllm 0.11.0" in desired.error[1] and "prefill" in desired.error[1]

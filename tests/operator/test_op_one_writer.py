@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fakekube import OWNER, FakeKube, b200_nodes  # type: ignore[import-not-found]
 
+from xpyd_api.engines import MetricNames
 from xpyd_operator.autoscaler import FIELD_MANAGER, autoscale
 from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
 from xpyd_operator.kube import DD
@@ -64,7 +65,9 @@ class FakePrometheus:
     def __init__(self, answer: dict[str, PoolMetrics] | PrometheusError) -> None:
         self.answer = answer
 
-    async def observe(self, ns: str, name: str, roles: list[str], stale_after: float) -> dict[str, PoolMetrics]:
+    async def observe(
+        self, ns: str, name: str, roles: list[str], stale_after: float, metrics: MetricNames
+    ) -> dict[str, PoolMetrics]:
         if isinstance(self.answer, PrometheusError):
             raise self.answer
         return self.answer

@@ -8,8 +8,8 @@ import pytest
 from fakekube import OWNER, spec  # type: ignore[import-not-found]
 from pydantic import ValidationError
 
+from xpyd_api import engines, handoff, podpatch
 from xpyd_api import labels as L
-from xpyd_api import podpatch
 from xpyd_operator import rollout
 from xpyd_operator.desired import build_children
 from xpyd_operator.placement import Demand, place
@@ -127,8 +127,16 @@ def test_a_patched_engine_image_moves_the_engine_revision() -> None:
     labels = {
         role: children[f"llama-{role}"]["spec"]["template"]["metadata"]["labels"] for role in ("prefill", "decode")
     }
-    assert labels["decode"][L.ENGINE_REV] == rollout.engine_rev("vllm/vllm-openai:v0.12.0", "NixlConnector")
-    assert labels["prefill"][L.ENGINE_REV] == rollout.engine_rev("vllm/vllm-openai:v0.11.0", "NixlConnector")
+    s = spec(decode={"replicas": 1, "gpusPerReplica": 8, "podTemplatePatch": patch})
+    decode = handoff.pool_facts(s, s.pools()["decode"])
+    prefill = handoff.pool_facts(s, s.pools()["prefill"])
+    assert decode.image == "vllm/vllm-openai:v0.12.0"
+    assert labels["decode"][L.ENGINE_REV] == rollout.engine_rev("vllm/vllm-openai:v0.12.0", "NixlConnector", decode)
+    assert labels["prefill"][L.ENGINE_REV] == rollout.engine_rev(
+        engines.default_image("vllm"), "NixlConnector", prefill
+    )
+    assert labels["decode"][L.ENGINE_REV] != labels["prefill"][L.ENGINE_REV]
+    assert "engine image differs" in (handoff.check(s) or ""), "the pre-flight check refuses the mixed pair"
 
 
 @pytest.mark.parametrize("where", ["spec", "pool"])

@@ -9,6 +9,7 @@ import pytest
 from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
 
 from xpyd_api import conditions as C
+from xpyd_api import engines
 from xpyd_operator.handlers import wants_reconcile
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue, backoff
@@ -69,7 +70,7 @@ async def test_set_replicas_drift_is_corrected_and_edits_roll() -> None:
     assert "apply StatefulSet/llama-prefill" in await _pass(kube)
     assert kube.objects[("StatefulSet", "llama-prefill")]["spec"]["replicas"] == 1
     assert kube.dd is not None
-    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.12.0"}
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
     writes = await _pass(kube)
     assert "apply StatefulSet/llama-decode" in writes  # an engine upgrade rolls decode first
     kube.settle()
@@ -91,13 +92,13 @@ async def test_engine_upgrade_rolls_decode_first_and_prefill_waits() -> None:
     kube.settle()
     await _pass(kube)
     assert kube.dd is not None
-    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.12.0"}
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
     kube.dd["metadata"]["generation"] = 2
     writes = await _pass(kube)
     assert "apply StatefulSet/llama-decode" in writes
     assert "apply StatefulSet/llama-prefill" not in writes
-    assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.12.0"
-    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.11.0"
+    assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.33.1"
+    assert _engine_image(kube, "prefill") == engines.default_image("vllm")
     assert _progressing(kube) == "EngineUpgradeDecodeFirst"
     # decode is still replacing pods: prefill keeps waiting, however often we reconcile
     decode = kube.objects[("StatefulSet", "llama-decode")]
@@ -105,7 +106,7 @@ async def test_engine_upgrade_rolls_decode_first_and_prefill_waits() -> None:
     assert "apply StatefulSet/llama-prefill" not in await _pass(kube)
     kube.settle()  # every decode replica runs the new engine and is ready
     assert "apply StatefulSet/llama-prefill" in await _pass(kube)
-    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.12.0"
+    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.33.1"
     kube.settle()
     await _pass(kube)
     assert _progressing(kube) == "Complete"
@@ -175,7 +176,8 @@ async def test_mode_switch_prunes_the_old_pools() -> None:
 
 
 async def test_nvl72_pins_both_pools_to_one_clique() -> None:
-    spec = {**SPEC, "topology": {"kind": "GB200-NVL72"}, "prefill": {"replicas": 2, "gpusPerReplica": 4}}
+    spec = {**SPEC, "topology": {"kind": "GB200-NVL72"}, "prefill": {"replicas": 2, "gpusPerReplica": 4},
+            "decode": {"replicas": 2, "gpusPerReplica": 4}}  # fmt: skip
     kube = FakeKube(spec, nvl72_nodes())
     await _pass(kube)
     pins = {
@@ -252,7 +254,8 @@ def test_wants_reconcile(event_type: str | None, generation: int, observed: int 
 
 @pytest.mark.parametrize(("installed", "reason"), [(True, "Created"), (False, "ComputeDomainCRDMissing")])
 async def test_nvl72_compute_domain_only_when_its_crd_exists(installed: bool, reason: str) -> None:
-    spec = {**SPEC, "topology": {"kind": "GB200-NVL72"}, "prefill": {"replicas": 2, "gpusPerReplica": 4}}
+    spec = {**SPEC, "topology": {"kind": "GB200-NVL72"}, "prefill": {"replicas": 2, "gpusPerReplica": 4},
+            "decode": {"replicas": 2, "gpusPerReplica": 4}}  # fmt: skip
     kube = FakeKube(spec, nvl72_nodes())
     kube.compute_domain_crd = installed
     await _pass(kube)

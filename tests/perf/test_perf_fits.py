@@ -38,7 +38,7 @@ def test_quantized_keeps_the_shape_and_refuses_unknown_types() -> None:
         quantized(base, "int3")
 
 
-# (model, gpu, tp, dp, expert parallel, max_model_len, fits, GB per GPU): DESIGN.md's 8 x B200 = 1.44 TB
+# (model, gpu, tp, dp, expert parallel, max_model_len, fits, GB per GPU): an HGX node's 8 x B200 = 1.44 TB
 # and a GB200 tray's 4 x 186 GB, at vLLM's 0.9 memory utilization.
 CASES = [
     ("deepseek-v3", "GB200", 4, 1, False, None, False, 167.8 + 11.5),  # 671 GB does not fit one tray

@@ -75,7 +75,7 @@ class Fleet:
         if sglang_bootstrap:  # an SGLang PD worker, paired through the prefill's bootstrap server
             cmd += ["python3", "-m", "sglang.launch_server", "--model-path", MODEL, "--host", host]
             cmd += ["--port", str(port), "--disaggregation-mode", role]
-            cmd += ["--disaggregation-bootstrap-port", str(sglang_bootstrap)]
+            cmd += ["--disaggregation-bootstrap-port", str(sglang_bootstrap), "--enable-metrics"]
         else:
             cmd += ["vllm", "serve", MODEL, "--host", host, "--port", str(port), "--kv-transfer-config", KV]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -145,7 +145,7 @@ async def router() -> AsyncIterator[Callable[..., object]]:
         pool.set_workers([WorkerSpec(e.url, e.role, e.domain) for e in workers])  # type: ignore[arg-type]  # a Role
         metrics = RouterMetrics("test")
         config.setdefault("max_attempts", 3)
-        proxy_config = ProxyConfig(engine=engine, bootstrap_port=bootstrap_port, **config)  # type: ignore[arg-type]
+        proxy_config = ProxyConfig(engine=engine, bootstrap_port=bootstrap_port, **config)
         app = build_app(pool, metrics, proxy_config, scrape_interval)
         await stack.enter_async_context(app.running())
         server = Server(app.routes, header_timeout, max_connections, max_body_bytes)
@@ -157,10 +157,10 @@ async def router() -> AsyncIterator[Callable[..., object]]:
         yield start
 
 
-async def worker_requests(session: aiohttp.ClientSession, url: str) -> float:
-    """vllm:request_success_total of one emulator."""
+async def worker_requests(
+    session: aiohttp.ClientSession, url: str, series: str = "vllm:request_success_total"
+) -> float:
+    """Requests one emulator finished: vllm:request_success_total, or another engine's count `series`."""
     async with session.get(url + "/metrics") as resp:
         text = await resp.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series))

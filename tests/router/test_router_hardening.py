@@ -14,7 +14,7 @@ import pytest
 from router_harness import Router  # type: ignore[import-not-found]
 from stub_workers import Stub, call  # type: ignore[import-not-found]
 
-from xpyd_router.access import ApiKey, load_api_key
+from xpyd_router.access import ApiKey, load_api_keys
 
 pytestmark = pytest.mark.timeout(30)
 Start = Callable[..., Any]
@@ -145,9 +145,11 @@ async def test_api_key(headers: dict[str, str], status: int, stubs: Start, route
 def test_api_key_sources(tmp_path: Any) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("from-file\n")
-    assert load_api_key(str(key_file), {"XPYD_ROUTER_API_KEY": "from-env"}) == "from-file"
-    assert load_api_key(None, {"XPYD_ROUTER_API_KEY": " from-env "}) == "from-env"
-    assert load_api_key(None, {}) is None
+    assert load_api_keys(str(key_file), {"XPYD_ROUTER_API_KEY": "from-env"}) == ("from-file",)
+    assert load_api_keys(None, {"XPYD_ROUTER_API_KEY": " from-env "}) == ("from-env",)
+    assert load_api_keys(None, {}) == ()
+    key_file.write_text("new-key\n\n  old-key \nnew-key\n")  # one a line: both accepted while clients move
+    assert load_api_keys(str(key_file), {}) == ("new-key", "old-key")
     assert ApiKey(None).allows(None)
     assert not ApiKey("k").allows("Bearer \udcff")
 
@@ -166,7 +168,7 @@ def test_bad_api_keys_are_named(content: str | None, env: dict[str, str], messag
     if content not in (None, "skip"):
         path.write_text(content)
     with pytest.raises(ValueError, match=message.replace("$", r"\$")):
-        load_api_key(None if content == "skip" else str(path), env)
+        load_api_keys(None if content == "skip" else str(path), env)
 
 
 @pytest.mark.parametrize("mentions_address", [False, True])

@@ -12,6 +12,8 @@ import orjson
 import pytest
 from router_harness import MODEL, Emulator, Fleet, Router, free_port, worker_requests  # type: ignore[import-not-found]
 
+from xpyd_api.engines import SGLANG_METRICS
+
 pytestmark = pytest.mark.timeout(60)
 LONG = "You are a helpful assistant. " * 80  # ~2300 chars: 9 router blocks, well past one KV block
 StartRouter = Callable[..., Any]
@@ -49,6 +51,25 @@ async def test_two_hop_completion_through_prefill_and_decode(shared: list[Emulat
     assert r.sample("xpyd_router_hop_latency_seconds_count", hop="prefill") == 1
     assert r.sample("xpyd_router_hop_latency_seconds_count", hop="decode") == 1
     assert r.sample("xpyd_router_kv_handoffs_total") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ({"min_tokens": 4}, "/v1/completions"),  # a real vLLM answers the prefill hop 400 with it
+        ({"min_tokens": 5, "logprobs": 1}, "/v1/completions"),
+        ({"min_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}, "/v1/completions"),
+    ],
+)
+async def test_decode_only_fields_pass_the_prefill_hop(
+    shared: list[Emulator], router: StartRouter, extra: dict[str, Any], path: str
+) -> None:
+    r: Router = await router(shared)
+    body = {"model": MODEL, "prompt": LONG + "min", "max_tokens": 5, **extra}
+    async with aiohttp.ClientSession() as s, s.post(r.url + path, json=body) as resp:
+        raw = await resp.read()
+    assert resp.status == 200, raw
+    assert r.sample("xpyd_router_hop_latency_seconds_count", hop="prefill") == 1
 
 
 async def test_stream_is_passed_through_event_by_event(shared: list[Emulator], router: StartRouter) -> None:
@@ -132,8 +153,9 @@ async def test_sglang_bootstrap_mode_sends_both_hops_at_once(fleet: Fleet, route
         status, body = await post(r.url, {"model": MODEL, "prompt": LONG, "max_tokens": 4})
         assert status == 200, body
         assert body["usage"]["completion_tokens"] == 4
-        assert await worker_requests(s, prefill.url) == 1
-        assert await worker_requests(s, decode.url) == 1
+        done = SGLANG_METRICS.e2e + "_count"  # SGLang's names (its flavour has no vLLM series)
+        assert await worker_requests(s, prefill.url, done) == 1
+        assert await worker_requests(s, decode.url, done) == 1
 
 
 async def test_dead_prefill_worker_is_retried_on_another(

@@ -52,7 +52,8 @@ def _stored_map(**fields: Any) -> dict[str, Any]:
          [Stored([5], None, IDS[:16], 16)]),  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: bytes, read as llm-d does
         (_pack(["BlockStored", [1], None, IDS[:16], 16, 3, "GPU"]), []),  # a LoRA's block: other tokens' meaning
         (_pack(["BlockStored", [1], None, IDS[:16], 16, None, "CPU_PINNED"]), []),  # an offload tier
-        (_pack(["BlockStored", [1], None, IDS[:16], 16, None, "GPU", {"cache_salt": "t"}]), []),  # SGLang, salted
+        (_pack(["BlockStored", [1], None, IDS[:16], 16, None, "GPU", {"cache_salt": "t"}]),
+         [Stored([1], None, IDS[:16], 16, "t")]),  # SGLang, salted: keyed under its salt
         (_pack(["BlockStored", [1], None, IDS[:16], 16, None, "GPU", {}]), [Stored([1], None, IDS[:16], 16)]),
         (_pack(["BlockRemoved", [1], "CPU_PINNED"]), []),
         (_pack(["SomethingNew", 1]), []),

@@ -138,9 +138,9 @@ def test_peers_tell_the_kv_aware_policy_how_many_replicas_route() -> None:
     p = pool()
     share = LoadShare(p, ["http://r1:8000"])
     assert isinstance(p.policy, KvAwarePolicy)
-    assert p.policy.replicas == 2
+    assert p.policy.context.replicas == 2
     share.set_peers([])
-    assert p.policy.replicas == 1
+    assert p.policy.context.replicas == 1
 
 
 # --- routes: each replica passes on where it sent which prompt, the others record the same guess ---
@@ -275,7 +275,7 @@ def test_prefixes_may_stick_only_while_every_peer_passes_on_its_routes(
     share.routed = routed
     share.apply(10.0)
     assert isinstance(p.policy, KvAwarePolicy)
-    assert p.policy.routes_shared is want
+    assert p.policy.context.routes_shared is want
 
 
 async def test_two_replicas_learn_each_others_routes() -> None:
@@ -288,7 +288,7 @@ async def test_two_replicas_learn_each_others_routes() -> None:
         # ...and replica 1 now sees the same 40 blocks on that worker, before any engine event
         assert pools[1].index.match(prompt.blocks) == {chosen: 40}
         assert shares[1].learnt == 1 and shares[0].learnt == 0
-        assert all(isinstance(p.policy, KvAwarePolicy) and p.policy.routes_shared for p in pools)
+        assert all(isinstance(p.policy, KvAwarePolicy) and p.policy.context.routes_shared for p in pools)
 
 
 async def test_a_reply_over_the_size_limit_is_dropped_unread(monkeypatch: pytest.MonkeyPatch) -> None:

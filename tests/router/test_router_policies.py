@@ -14,6 +14,7 @@ from xpyd_router.policies import (
     KvAwarePolicy,
     NoWorker,
     PrefixIndex,
+    RouterContext,
     RouteRequest,
     WorkerState,
     make_policy,
@@ -385,8 +386,7 @@ def test_stickiness_needs_an_index_the_replicas_share(
     replicas: int, fed: bool, routes: bool, want: str | None, reason: str
 ) -> None:
     policy = KvAwarePolicy()
-    policy.replicas = replicas
-    policy.routes_shared = routes
+    policy.set_context(RouterContext(replicas=replicas, routes_shared=routes))
     index = index_with(BLOCKS, a=30)
     if fed:
         for name in FOUR:
@@ -419,7 +419,7 @@ def test_equal_prefixes_go_to_the_worker_that_took_least_where_replicas_see_the_
     if fed:
         index.fed.update(FOUR)
     policy = KvAwarePolicy()
-    policy.replicas = replicas
+    policy.set_context(RouterContext(replicas=replicas))
     decision = policy.choose_prefill(RouteRequest(BLOCKS, key=7), pool(), index)
     assert decision.worker == (least if want == "least-taken" else HOME)
     assert decision.reason == "prefix"

@@ -51,6 +51,27 @@ def test_failed_worker_is_skipped_until_metrics_answer() -> None:
     assert not p.workers[P1].healthy
 
 
+@pytest.mark.parametrize(
+    ("outcomes", "healthy"),
+    [
+        (["slow"], True),  # a busy engine answers /metrics late: one timeout is no outage
+        (["slow", "slow"], True),
+        (["slow", "slow", "slow"], False),  # three in a row are
+        (["slow", "slow", "ok", "slow", "slow"], True),  # an answer starts the count again
+        (["refused"], False),  # a refused connection or an error status takes it out at once
+        (["slow", "refused"], False),
+    ],
+)
+def test_slow_scrapes_take_a_worker_out_only_in_a_row(outcomes: list[str], healthy: bool) -> None:
+    p = pool()
+    for outcome in outcomes:
+        if outcome == "ok":
+            p.apply_metrics(P1, WorkerMetrics())
+        else:
+            p.apply_metrics(P1, None, timed_out=outcome == "slow")
+    assert p.workers[P1].healthy is healthy
+
+
 def test_exclusions_and_no_worker() -> None:
     p = pool()
     assert p.route(REQ, frozenset({P1})).prefill.worker == P2  # type: ignore[union-attr]

@@ -5,15 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from xpyd_router.protocol import (
-    BadRequest,
-    bootstrap_bodies,
-    decode_body,
-    error_body,
-    parse_body,
-    prefill_body,
-    sse_error,
-)
+from xpyd_router.handoff.bootstrap import bootstrap_bodies
+from xpyd_router.handoff.nixl import decode_body, prefill_body
+from xpyd_router.protocol import BadRequest, error_body, parse_body, sse_error
 
 
 @pytest.mark.parametrize(

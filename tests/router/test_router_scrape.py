@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from xpyd_api.engines import METRICS
+from xpyd_router import scrape
 from xpyd_router.scrape import parse_metrics
 
 VLLM = """# HELP vllm:num_requests_waiting Number of requests waiting.
@@ -36,3 +38,59 @@ vllm:prefix_cache_hits_total{model_name="m"} 100.0
 def test_parse(text: str, waiting: float, running: float, usage: float, capacity: int) -> None:
     m = parse_metrics(text)
     assert (m.waiting, m.running, m.kv_usage, m.capacity_tokens) == (waiting, running, usage, capacity)
+
+
+@pytest.mark.parametrize("kind", sorted(METRICS))
+@pytest.mark.parametrize("usage_name", [0, -1])  # every name of a renamed gauge (vLLM's older one too)
+def test_each_engines_names_from_the_profile_are_read(kind: str, usage_name: int) -> None:
+    names = METRICS[kind]
+    text = (
+        f'{names.waiting}{{model_name="m"}} 2\n{names.running}{{model_name="m"}} 3\n'
+        f'{names.kv_usage[usage_name]}{{model_name="m"}} 0.4\n'
+    )
+    m = parse_metrics(text)
+    assert (m.waiting, m.running, m.kv_usage) == (2.0, 3.0, 0.4)
+
+
+def test_the_scraper_takes_its_names_from_the_engine_profiles() -> None:
+    wanted = {n for m in METRICS.values() for n in (m.waiting, m.running, *m.kv_usage)}
+    assert set(scrape.ALIASES) == wanted
+    assert "vllm:gpu_cache_usage_perc" in scrape.ALIASES
+
+
+@pytest.mark.parametrize(("status", "body", "healthy"), [(404, "", True), (200, "vllm:num_requests_waiting 2\n", True),
+                                                         (500, "", False)])  # fmt: skip
+async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy: bool) -> None:
+    """SGLang serves /metrics only with --enable-metrics: a 404 there is a live worker with no figures."""
+    import aiohttp
+    from aiohttp import web
+
+    from xpyd_router.health import HealthChecker
+    from xpyd_router.policies import KvAwarePolicy
+    from xpyd_router.pool import WorkerPool, WorkerSpec
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(status=status, text=body)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    pool = WorkerPool(KvAwarePolicy(), 256)
+    pool.set_workers([WorkerSpec(url, "worker")])
+    async with aiohttp.ClientSession() as session:
+        checker = HealthChecker(session, pool)
+        try:
+            await checker.check(url)
+            assert pool.workers[url].healthy is healthy
+        finally:
+            await checker.close()
+            await runner.cleanup()

@@ -50,8 +50,8 @@ def test_compare_all_as_json(spec_file: Path, capsys: pytest.CaptureFixture[str]
     rows = json.loads(capsys.readouterr().out)
     labels = [r["label"] for r in rows]
     assert "colocated" in labels
-    assert labels[-2:] == ["autoscaler=off", "autoscaler=xpyd"]
-    assert len(rows) == 7
+    assert labels[-3:] == ["autoscaler=off", "autoscaler=slo", "autoscaler=xpyd"]
+    assert len(rows) == 8
     assert {r["mode"] for r in rows} == {"Disaggregated", "Colocated"}
 
 

@@ -32,6 +32,7 @@ class FakePerf:
     """Constant step times: these tests are about caches and ranks, not timing."""
 
     kv_bytes_per_token = 1000
+    host_bandwidth = 64e9
 
     def __init__(self, capacity: int = 64_000) -> None:
         self.kv_capacity_tokens = capacity

@@ -36,7 +36,7 @@ def doc(model: str, topology: str, prefill: dict[str, Any], decode: dict[str, An
     }  # fmt: skip
 
 
-# (model, topology, prefill, decode, engine args, fits): the models of DESIGN.md on both systems.
+# (model, topology, prefill, decode, engine args, fits): the seed deployments' models on both systems.
 CASES = [
     ("deepseek-ai/DeepSeek-V3", "GB200-NVL72", pool(4), pool(4), (), False),  # 671 GB on one tray
     ("deepseek-ai/DeepSeek-V3", "GB200-NVL72", pool(4, wide_ep=True), pool(8, wide_ep=True), (), False),

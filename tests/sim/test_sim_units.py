@@ -20,6 +20,7 @@ class FakePerf:
     """Linear timings that are easy to compute by hand."""
 
     kv_bytes_per_token = 1000
+    host_bandwidth = 64e9
 
     def __init__(self, capacity: int = 100_000, per_token: float = 1e-4, step: float = 0.01) -> None:
         self.kv_capacity_tokens = capacity

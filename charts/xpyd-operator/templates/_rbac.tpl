@@ -1,5 +1,5 @@
 {{/* The operator's permissions, split by scope. Derived from what operator/xpyd_operator
-calls; docs/architecture.md lists why each rule exists. No Secrets, no ConfigMaps. */}}
+calls; docs/architecture.md lists why each rule exists. No Secrets; ConfigMaps get only. */}}
 
 {{/* Rules on namespaced resources: a ClusterRole's in cluster mode, a Role's in namespace mode. */}}
 {{- define "xpyd.rules.namespaced" -}}
@@ -24,6 +24,10 @@ calls; docs/architecture.md lists why each rule exists. No Secrets, no ConfigMap
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# spec.networkPolicy.enabled: one NetworkPolicy per pod role of a deployment.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # NVL72 only: the IMEX channel of a multi-node NVLink domain.
 - apiGroups: ["resource.nvidia.com"]
   resources: ["computedomains"]
@@ -40,6 +44,10 @@ calls; docs/architecture.md lists why each rule exists. No Secrets, no ConfigMap
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
+# The model's config.json a deployment names in spec.model.configMap: get by name, never list or watch.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 # Events on a DisaggregatedDeployment when its conditions change.
 - apiGroups: [""]
   resources: ["events"]

@@ -1,0 +1,293 @@
+"""Table-driven tests of the SLO policy: its model's correction, the budgets, both pools, the guard rails."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus, SloSpec
+from xpyd_operator.autoscaling_policy import make_policy
+from xpyd_operator.autoscaling_slo import (
+    SloPolicy,
+    ahead,
+    measure_ready,
+    planned_quantile,
+    size_decode,
+    size_prefill,
+)
+from xpyd_operator.autoscaling_slomodel import (
+    CORRECTION_BOUNDS,
+    ReplicaPerf,
+    corrected,
+    replica_perfs,
+    trend,
+    waiting_quantile,
+    within_probability,
+)
+from xpyd_operator.autoscaling_spec import PoolRuntime, evaluate, policy_for, policy_inputs
+from xpyd_operator.autoscaling_types import (
+    PolicyInputs,
+    PoolBounds,
+    PoolObservation,
+    PoolState,
+    state_from_dict,
+    state_to_dict,
+)
+
+NOW = 10_000.0
+OLD = NOW - 1_000.0
+SLO = SloSpec(ttft_seconds=1.0, itl_seconds=0.05, percentile=95, attainment=0.99)
+
+
+def spec(slo: bool = True, topology: str = "HGX-B200") -> DisaggregatedDeploymentSpec:
+    doc: dict[str, Any] = {
+        "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+        "topology": {"kind": topology},
+        "prefill": {"replicas": 2, "gpusPerReplica": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 16}},
+        "decode": {"replicas": 2, "gpusPerReplica": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 16}},
+        "autoscaling": {"enabled": True},
+    }
+    if slo:
+        doc["slo"] = {"ttftSeconds": 1.0, "itlSeconds": 0.05}
+    return DisaggregatedDeploymentSpec.model_validate(doc)
+
+
+PERF = replica_perfs(spec())
+BOUNDS = {"prefill": PoolBounds(1, 16, 8), "decode": PoolBounds(1, 16, 8)}
+
+
+def obs(replicas: int, **kw: Any) -> PoolObservation:
+    kw.setdefault("ready", replicas)
+    kw.setdefault("sampled_at", NOW - 5)
+    kw.setdefault("waiting", 0.0)
+    return PoolObservation(replicas=replicas, **kw)
+
+
+def inputs(prefill: PoolObservation, decode: PoolObservation, slo: SloSpec | None = SLO) -> PolicyInputs:
+    return PolicyInputs({"prefill": prefill, "decode": decode}, BOUNDS, slo=slo, perf=PERF if slo else {})
+
+
+def settled(n: int, **kw: Any) -> PoolState:
+    return PoolState(recommendations=((OLD, n),), fresh_since=OLD, last_desired=n, **kw)
+
+
+def busy_prefill(n: int, rate: float, **kw: Any) -> PoolObservation:
+    return obs(n, prompt_tokens_rate=rate, request_rate=rate / 2000.0, prefix_hit_ratio=0.0, **kw)
+
+
+def light_decode(n: int, running: float = 20.0, **kw: Any) -> PoolObservation:
+    return obs(n, running=running, kv_usage=0.01, **kw)
+
+
+# --- the model's correction ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("previous", "observed", "predicted", "want"),
+    [
+        (None, 0.2, 0.1, 2.0),  # first sample taken as it is
+        (1.0, 0.2, 0.1, 1.3),  # smoothed: 0.7 x 1 + 0.3 x 2
+        (None, 100.0, 0.1, CORRECTION_BOUNDS[1]),  # never believed off by more than the bounds
+        (None, 0.001, 0.1, CORRECTION_BOUNDS[0]),
+        (1.5, None, 0.1, 1.5),  # no sample: unchanged
+        (1.5, 0.2, 0.0, 1.5),  # nothing predicted: unchanged
+        (None, None, 0.1, None),  # the bare model until a sample arrives
+    ],
+)
+def test_correction_is_bounded_and_smoothed(
+    previous: float | None, observed: float | None, predicted: float | None, want: float | None
+) -> None:
+    got = corrected(previous, observed, predicted)
+    assert got == (pytest.approx(want) if want is not None else None)
+
+
+def test_the_correction_is_learnt_from_observed_latency_and_shown() -> None:
+    slow = light_decode(2, running=100.0, itl_p90=0.04)  # the model predicts a few ms at this batch
+    d = SloPolicy().decide(inputs(busy_prefill(2, 10_000.0), slow), {}, NOW)
+    assert d.state["decode"].correction is not None and d.state["decode"].correction > 1.5
+    assert "correction x" in d.pools["decode"].message and "predicted attainment" in d.pools["decode"].message
+    assert d.state["decode"].predicted is not None
+
+
+# --- budget arithmetic --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("service", "rho", "q", "want"),
+    [
+        (0.1, 0.0, 0.95, 0.0),
+        (0.1, 0.04, 0.95, 0.0),  # busy less than the tail share: no wait at that quantile
+        (0.1, 0.5, 0.95, 0.1 / 0.5 * math.log(0.5 / 0.05)),
+        (0.1, 1.0, 0.95, math.inf),
+    ],
+)
+def test_waiting_quantile(service: float, rho: float, q: float, want: float) -> None:
+    assert waiting_quantile(service, rho, q) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("service", "rho", "budget", "want"),
+    [(0.1, 0.0, 1.0, 1.0), (0.1, 0.5, 0.05, 0.0), (0.1, 1.0, 1.0, 0.0), (0.1, 0.5, 0.1, 0.5)],
+)
+def test_within_probability(service: float, rho: float, budget: float, want: float) -> None:
+    assert within_probability(service, rho, budget) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("percentile", "attainment", "want"), [(95, 0.99, 0.99), (99, 0.9, 0.99), (90, 0.5, 0.9)])
+def test_planned_quantile_is_the_stricter(percentile: int, attainment: float, want: float) -> None:
+    assert (
+        planned_quantile(SloSpec(ttft_seconds=1, itl_seconds=0.05, percentile=percentile, attainment=attainment))
+        == want
+    )
+
+
+def test_a_smaller_ttft_budget_needs_more_prefill() -> None:
+    perf = PERF["prefill"]
+    cap = perf.prefill_tokens_per_second()
+    sizes = [size_prefill(perf, 1.0, 4000, 3 * cap, budget, 0.99, 16, cap)[0] for budget in (2.0, 0.5, 0.2)]
+    assert sizes == sorted(sizes) and sizes[0] >= 4 and sizes[-1] > sizes[0]
+
+
+def test_a_slower_model_needs_more_prefill() -> None:
+    perf = PERF["prefill"]
+    cap = perf.prefill_tokens_per_second()
+    fast = size_prefill(perf, 1.0, 4000, 2 * cap, 0.5, 0.99, 16, cap)[0]
+    slow = size_prefill(perf, 3.0, 4000, 2 * cap, 0.5, 0.99, 16, cap)[0]
+    assert slow > fast
+
+
+def test_trend_and_ahead() -> None:
+    assert trend([(0, 1.0), (10, 2.0), (20, 3.0)]) == pytest.approx(0.1)
+    assert trend([(0, 1.0), (10, 2.0)]) == 0.0  # too few points
+    st = PoolState(demand=((NOW - 30, 100.0), (NOW - 15, 200.0)))
+    value, st2 = ahead(st, NOW, 300.0, 60.0, 300.0)
+    assert value == pytest.approx(300.0 + 60.0 * 100.0 / 15) and len(st2.demand) == 3
+    falling = PoolState(demand=((NOW - 30, 300.0), (NOW - 15, 200.0)))
+    assert ahead(falling, NOW, 100.0, 60.0, 300.0)[0] == 100.0  # never below now
+
+
+# --- both pools ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sequences", "context", "itl", "limit"),
+    [
+        (10.0, 2000.0, 0.05, "itl"),  # light: one replica
+        (2000.0, 2000.0, 0.05, "batch"),  # many short sequences: the engine's batch cap
+        (2000.0, 30_000.0, 0.05, "kv-cache"),  # long contexts: the KV cache
+    ],
+)
+def test_decode_sizing_limits(sequences: float, context: float, itl: float, limit: str) -> None:
+    n, predicted, why = size_decode(PERF["decode"], 1.0, sequences, context, itl, 64)
+    assert why == limit
+    assert predicted <= itl
+    if limit == "itl":
+        assert n == 1
+
+
+def test_both_pools_follow_the_mix() -> None:
+    cap = PERF["prefill"].prefill_tokens_per_second()
+    policy = SloPolicy()
+    # prompt-heavy: prefill grows, decode stays small
+    d = policy.decide(inputs(busy_prefill(2, 3 * cap), light_decode(2)), {}, NOW)
+    assert d.pools["prefill"].desired > 2 and d.pools["decode"].desired <= 2
+    # output-heavy: many long-running sequences, few prompt tokens
+    d = policy.decide(inputs(busy_prefill(2, 0.05 * cap), obs(2, running=1200.0, kv_usage=0.5)), {}, NOW)
+    assert d.pools["prefill"].desired <= 2 and d.pools["decode"].desired > 2
+
+
+def test_prefix_hits_shrink_the_prefill_demand() -> None:
+    cap = PERF["prefill"].prefill_tokens_per_second()
+    cold = SloPolicy().decide(inputs(busy_prefill(2, 4 * cap), light_decode(2)), {}, NOW)
+    hot_obs = replace(busy_prefill(2, 4 * cap), prefix_hit_ratio=0.75)
+    hot = SloPolicy().decide(inputs(hot_obs, light_decode(2)), {}, NOW)
+    assert hot.pools["prefill"].desired < cold.pools["prefill"].desired
+
+
+# --- guard rails (XpydPolicy's, reused) ---------------------------------------------------------
+
+
+def test_missing_data_holds() -> None:
+    stale = obs(3, sampled_at=NOW - 10_000)
+    d = SloPolicy().decide(inputs(stale, light_decode(3)), {}, NOW)
+    assert (d.pools["prefill"].desired, d.pools["prefill"].reason) == (3, "no-data")
+    blind = obs(3)  # fresh, but the prompt-token rate is not scraped
+    d = SloPolicy().decide(inputs(blind, light_decode(3)), {"prefill": settled(3)}, NOW)
+    assert d.pools["prefill"].desired == 3 and "missing" in d.pools["prefill"].message
+    no_kv = obs(4, running=10.0)
+    d = SloPolicy().decide(inputs(busy_prefill(1, 1000.0), no_kv), {"decode": settled(4)}, NOW)
+    assert d.pools["decode"].desired == 4 and not d.healthy
+
+
+def test_a_manual_edit_is_the_new_target() -> None:
+    # the policy last asked for 2; a user set 6: idle load does not shrink it within the window
+    st = {"prefill": settled(2), "decode": settled(2)}
+    d = SloPolicy().decide(inputs(busy_prefill(6, 100.0), light_decode(2)), st, NOW)
+    assert d.pools["prefill"].desired == 6 and d.pools["prefill"].reason == "stabilizing"
+
+
+def test_stabilization_keeps_the_window_max() -> None:
+    st = {
+        "prefill": PoolState(recommendations=((NOW - 100, 5),), fresh_since=OLD, last_desired=5),
+        "decode": settled(2),
+    }
+    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0), light_decode(2)), st, NOW)
+    assert d.pools["prefill"].desired == 5 and "window max 5" in d.pools["prefill"].message
+    later = {**st, "prefill": PoolState(recommendations=((NOW - 400, 5),), fresh_since=OLD, last_desired=5)}
+    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0), light_decode(2)), later, NOW)
+    assert d.pools["prefill"].desired < 5
+
+
+def test_time_to_ready_is_measured() -> None:
+    grown = PoolState(pending_since=NOW - 90)
+    assert measure_ready(obs(4, ready=3), grown, NOW).ready_seconds is None  # not all Ready yet
+    assert measure_ready(obs(4, ready=4), grown, NOW).ready_seconds == pytest.approx(90)
+    d = SloPolicy().decide(inputs(busy_prefill(1, 200_000.0), light_decode(1)), {}, NOW)
+    assert d.pools["prefill"].desired > 1 and d.state["prefill"].pending_since == NOW
+
+
+def test_without_slo_or_model_it_is_the_threshold_policy() -> None:
+    d = SloPolicy().decide(inputs(obs(2, waiting=10.0), light_decode(2), slo=None), {}, NOW)
+    assert d.pools["prefill"].desired == 5  # XpydPolicy: 10 waiting / 2 per replica
+    assert replica_perfs(spec(topology="Any")) == {}
+
+
+def test_the_spec_selects_the_policy_and_status_shows_the_learning() -> None:
+    assert isinstance(policy_for(spec()), SloPolicy) and not isinstance(policy_for(spec(slo=False)), SloPolicy)
+    assert isinstance(make_policy("slo"), SloPolicy)
+    runtimes = {"prefill": PoolRuntime(2, 2, 0), "decode": PoolRuntime(2, 2, 0)}
+    metrics = {"prefill": busy_prefill(2, 10_000.0, ttft_p90=0.3), "decode": light_decode(2, itl_p90=0.01)}
+    assert policy_inputs(spec(), runtimes, metrics).perf.keys() == {"prefill", "decode"}
+    result = evaluate(spec(), DisaggregatedDeploymentStatus(), 1, runtimes, metrics, NOW)
+    assert {"sloCorrection", "predictedAttainment", "readySeconds"} <= set(result.status["decode"])
+    history = state_from_dict(state_to_dict(result.decision.state))
+    assert history["decode"].correction == result.decision.state["decode"].correction
+
+
+def test_replica_perf_prices_from_the_catalog() -> None:
+    perf = PERF["decode"]
+    assert isinstance(perf, ReplicaPerf) and perf.kv_capacity_tokens > 100_000
+    assert perf.decode_step_seconds(64, 2000) > perf.decode_step_seconds(1, 2000)
+    assert perf.prefill_seconds(16_000) > perf.prefill_seconds(1_000) > 0
+
+
+def test_operator_metrics_show_the_learning() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
+
+    registry = CollectorRegistry()
+    m = AutoscalerMetrics(registry)
+    st = {"prefill": PoolState(ready_seconds=75.0), "decode": PoolState()}
+    d = SloPolicy().decide(inputs(busy_prefill(2, 10_000.0, ttft_p90=0.2), light_decode(2, itl_p90=0.01)), st, NOW)
+    m.record("ns", "dep", d, {"prefill": 2, "decode": 2}, {"prefill": 2, "decode": 2})
+    labels = {"namespace": "ns", "deployment": "dep", "role": "decode"}
+    got = registry.get_sample_value("xpyd_autoscaler_slo_model_correction", labels)
+    assert got == pytest.approx(d.state["decode"].correction)
+    assert registry.get_sample_value("xpyd_autoscaler_slo_predicted_attainment", labels) == d.state["decode"].predicted
+    ready = registry.get_sample_value("xpyd_autoscaler_replica_ready_seconds", {**labels, "role": "prefill"})
+    assert ready == 75.0
+    assert registry.get_sample_value("xpyd_autoscaler_replica_ready_seconds", labels) is None  # not measured yet

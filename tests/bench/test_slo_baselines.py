@@ -1,0 +1,73 @@
+"""The saturation and Planner-style baselines the SLO frontier compares with: their rules, table-driven."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from bench.baselines.autoscalers import PlannerPolicy, SaturationPolicy, profile
+
+from xpyd_api.models import SloSpec
+from xpyd_operator.autoscaling_types import PolicyInputs, PoolBounds, PoolObservation, PoolState
+
+NOW = 1_000.0
+BOUNDS = {"prefill": PoolBounds(1, 16), "decode": PoolBounds(1, 16)}
+SLO = SloSpec(ttft_seconds=1.0, itl_seconds=0.05)
+# a replica: 10k prompt tokens/s, decode step 5 ms + 0.1 ms per sequence
+PROFILE = profile(lambda n: n / 10_000.0, lambda b, ctx: 0.005 + 0.0001 * b, 1_000_000)
+
+
+def obs(n: int, **kw: Any) -> PoolObservation:
+    kw.setdefault("ready", n)
+    kw.setdefault("sampled_at", NOW)
+    kw.setdefault("waiting", 0.0)
+    return PoolObservation(replicas=n, **kw)
+
+
+@pytest.mark.parametrize(
+    ("o", "want"),
+    [
+        (obs(2, kv_usage=0.5), 2),  # not saturated: holds (window max)
+        (obs(2, kv_usage=0.9), 3),  # KV >= 0.8: one more at least
+        (obs(2, kv_usage=0.1, waiting=30.0), 6),  # 30 queued / 5 per replica
+        (obs(2, kv_usage=0.1, waiting=10.0), 3),  # exactly 5 per replica is saturated
+    ],
+)
+def test_saturation_rule(o: PoolObservation, want: int) -> None:
+    d = SaturationPolicy().decide(PolicyInputs({"decode": o}, BOUNDS), {}, NOW)
+    assert d.pools["decode"].desired == want
+
+
+def test_saturation_rejects_bad_thresholds() -> None:
+    with pytest.raises(ValueError, match="saturation thresholds"):
+        SaturationPolicy(kv_threshold=1.5)
+
+
+def test_profile_interpolates() -> None:
+    assert PROFILE.prefill_throughput(3000) == pytest.approx(10_000.0)
+    assert PROFILE.itl(64, 1000) == pytest.approx(0.005 + 0.0064)
+    # the largest profiled batch with ITL <= 20 ms is 128 (17.8 ms): 128 / 0.0178 tokens/s
+    assert PROFILE.decode_throughput(0.02, 1000) == pytest.approx(128 / 0.0178)
+
+
+def planner_inputs(rate: float, isl: float = 2000.0, osl: float = 200.0) -> PolicyInputs:
+    pre = obs(1, prompt_tokens_rate=rate * isl, request_rate=rate)
+    dec = obs(1, generation_tokens_rate=rate * osl, running=1.0, kv_usage=0.1)
+    return PolicyInputs({"prefill": pre, "decode": dec}, BOUNDS, slo=SLO)
+
+
+@pytest.mark.parametrize(("rate", "prefill", "decode"), [(2.0, 1, 1), (20.0, 4, 1), (40.0, 8, 1), (80.0, 16, 2)])
+def test_planner_sizes_from_the_profile(rate: float, prefill: int, decode: int) -> None:
+    profiles = {"prefill": PROFILE, "decode": PROFILE}
+    d = PlannerPolicy(profiles).decide(planner_inputs(rate), {}, NOW)
+    assert (d.pools["prefill"].desired, d.pools["decode"].desired) == (prefill, decode)
+
+
+def test_planner_waits_between_adjustments_and_holds_without_data() -> None:
+    profiles = {"prefill": PROFILE, "decode": PROFILE}
+    st = {"prefill": PoolState(fresh_since=NOW - 10), "decode": PoolState(fresh_since=NOW - 10)}
+    d = PlannerPolicy(profiles, interval_s=60).decide(planner_inputs(40.0), st, NOW)
+    assert d.pools["prefill"].desired == 1 and d.pools["prefill"].reason == "hold"
+    blind = PolicyInputs({"prefill": obs(3), "decode": obs(2)}, BOUNDS, slo=SLO)
+    d = PlannerPolicy(profiles).decide(blind, {}, NOW)
+    assert (d.pools["prefill"].desired, d.pools["decode"].desired) == (3, 2)

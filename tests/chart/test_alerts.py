@@ -1,0 +1,43 @@
+"""The KV data path alerts: a PrometheusRule on demand, over the series the router exports."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from xpyd_api import metric_names as names
+from xpyd_chart.helm import one, template
+
+pytestmark = pytest.mark.usefixtures("helm")
+KEY = "metrics.prometheusRule.enabled"
+
+
+@pytest.mark.parametrize(
+    ("enabled", "api", "rendered"),
+    [(None, True, False), ("false", True, False), ("auto", False, False), ("auto", True, True), ("true", False, True)],
+)
+def test_the_rule_is_opt_in_like_the_monitors(enabled: str | None, api: bool, rendered: bool) -> None:
+    docs = template({KEY: enabled} if enabled else {}, monitoring=api)
+    assert (len([d for d in docs if d["kind"] == "PrometheusRule"]) == 1) is rendered
+
+
+def test_alerts_on_slow_and_failing_pairs_with_the_values_thresholds() -> None:
+    values = {KEY: "true", "metrics.prometheusRule.slowFor": "15m",
+              "metrics.prometheusRule.labels.release": "kube-prometheus-stack"}  # fmt: skip
+    rule = one(template(values), "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "xpyd-system"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(alerts) == {"XpydKvHandoffSlow", "XpydKvHandoffFailures"}
+    slow, failing = alerts["XpydKvHandoffSlow"], alerts["XpydKvHandoffFailures"]
+    assert slow["for"] == "15m" and failing["for"] == "5m"
+    assert f"{names.ROUTER_HANDOFF_LATENCY}_bucket" in slow["expr"]
+    assert slow["expr"].rstrip().endswith("> 2")  # the default p99 limit, seconds
+    assert names.ROUTER_HANDOFF_FAILURES in failing["expr"]
+    assert failing["expr"].rstrip().endswith("> 0.05")
+    for alert in alerts.values():
+        assert "by (namespace, deployment, prefill, decode" in alert["expr"]  # one alert per pair
+        assert alert["labels"]["severity"] == "warning"
+        assert "{{ $labels.prefill }}" in alert["annotations"]["summary"]  # Prometheus' template, left to it
+        assert not re.search(r"\{\{\s*\.Values", str(alert))
