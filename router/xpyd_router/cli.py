@@ -20,6 +20,7 @@ import uvloop
 
 from xpyd_api import engines
 from xpyd_api import labels as L
+from xpyd_perf import resolve_gpu, resolve_model
 from xpyd_router.access import API_KEY_ENV, load_api_keys
 from xpyd_router.app import Background, build_app
 from xpyd_router.block_keys import RequestKeys
@@ -32,6 +33,7 @@ from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targ
 from xpyd_router.proxy import ProxyConfig
 from xpyd_router.scorers import format_weights, parse_weights
 from xpyd_router.server import Server
+from xpyd_router.tier_cost import ReloadCost
 from xpyd_router.tls import TlsFiles
 
 SHUTDOWN_TIMEOUT = 30.0  # seconds in-flight requests get to finish after SIGTERM
@@ -173,6 +175,16 @@ def parser() -> argparse.ArgumentParser:
         "(0: no bytes series; the operator passes it)",
     )  # fmt: skip
     p.add_argument(
+        "--cpu-tier-gpu", metavar="NAME",
+        help="the workers' GPU (H100, H200, B200, GB200, ...): with --cpu-tier-model the `tiers` scorer counts a "
+        "block held in a worker's CPU tier (KV offloading) by what reloading it over the host link saves against "
+        "recomputing it (default: a CPU-held block counts nothing; the operator passes both for kvOffload pools)",
+    )  # fmt: skip
+    p.add_argument(
+        "--cpu-tier-model", metavar="NAME", help="the served model, as `xpyd plan` names it (with --cpu-tier-gpu)"
+    )
+    p.add_argument("--cpu-tier-tp", type=int, default=1, metavar="N", help="GPUs a first-hop replica reloads over")
+    p.add_argument(
         "--pair-failures", type=int, default=3, metavar="N",
         help="KV handoffs failed in a row that take a prefill/decode pair (not its workers) out of pairing "
         "for a cool-off, doubling up to 5 minutes (0: never)",
@@ -206,6 +218,11 @@ def static_workers(args: argparse.Namespace) -> list[WorkerSpec]:
     if args.data_parallel_routing == "engine":
         return [replica_target(spec, size) for spec in specs]
     return [target for spec in specs for target in rank_targets(spec, size)]
+
+
+def tier_pricing(gpu: str, model: str, tp: int, kv_bytes_per_token: int = 0) -> ReloadCost:
+    """What a reload from a worker's CPU tier costs against a recompute; ValueError names an unknown part."""
+    return ReloadCost(resolve_model(model), resolve_gpu(gpu), tp, kv_bytes_per_token or None)
 
 
 def validate(args: argparse.Namespace) -> str | None:
@@ -268,6 +285,15 @@ def validate(args: argparse.Namespace) -> str | None:
         return "--tls-ca-file needs --tls-cert-file and --tls-key-file"
     if args.kv_bytes_per_token < 0 or args.pair_failures < 0:
         return "--kv-bytes-per-token and --pair-failures must be 0 or more"
+    if bool(args.cpu_tier_gpu) != bool(args.cpu_tier_model):
+        return "--cpu-tier-gpu and --cpu-tier-model go together: give both, or neither"
+    if args.cpu_tier_gpu:
+        try:
+            args.cpu_tier = tier_pricing(
+                args.cpu_tier_gpu, args.cpu_tier_model, args.cpu_tier_tp, args.kv_bytes_per_token
+            )
+        except ValueError as exc:
+            return f"--cpu-tier-*: {exc}"
     if not (args.handoff_slow_seconds >= 0 and math.isfinite(args.handoff_slow_seconds)):
         return f"--handoff-slow-seconds must be 0 or more seconds, got {args.handoff_slow_seconds}"
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
@@ -289,15 +315,20 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
             cfg.direct_lead_blocks = math.ceil(args.direct_lead_chars / chars_per_block)
             cfg.direct_max_blocks = args.direct_max_chars // chars_per_block
 
-    tune()
     pool = WorkerPool(policy, args.block_chars, args.chars_per_token, keys)
+
+    def retune(block_size: int = 0) -> None:
+        tune(block_size)
+        pool.index.offloaded.price(getattr(args, "cpu_tier", None), max(1, round(keys.tokens_per_block)))
+
+    retune()
     pool.set_workers(specs)
     background: list[Background] = []
     hub = None
     if keys.engine_aligned:  # engine KV events name blocks by token ids: usable only with the tokenizer
         from xpyd_router.kv_events import KvEventHub
 
-        hub = KvEventHub(pool, args.kv_events_topic, retune=tune)
+        hub = KvEventHub(pool, args.kv_events_topic, retune=retune)
         background.append(hub.run)
     tls = getattr(args, "tls", None)
     if tls is not None:

@@ -51,9 +51,11 @@ from xpyd_router.prefix_index import PrefixIndex
 from xpyd_router.scorers import make_scorers
 
 BLOCK_TOKENS = 64  # the block size the knobs' block counts assume
-# The first hop's order: cached prefix, then the fewest blocks taken lately (where the replicas share
-# the picture), then the rendezvous weight of the request's key (xpyd_router/scorers/).
-DEFAULT_SCORERS = (ScorerWeight("prefix"), ScorerWeight("recent"), ScorerWeight("rendezvous"))
+# The first hop's order: cached prefix (a block in a worker's CPU tier counted by what its reload saves,
+# where the router knows the hardware; else exactly the GPU-held prefix), then the fewest blocks taken
+# lately (where the replicas share the picture), then the rendezvous weight of the request's key
+# (xpyd_router/scorers/).
+DEFAULT_SCORERS = (ScorerWeight("tiers"), ScorerWeight("recent"), ScorerWeight("rendezvous"))
 
 
 @dataclass

@@ -35,7 +35,7 @@ def equal_prefixes() -> PrefixIndex:
     return index
 
 
-# where the default order (prefix, recent, rendezvous) sends the prompt; KV usage is not in it
+# where the default order (tiers, recent, rendezvous) sends the prompt; KV usage is not in it
 HOME = (
     KvAwarePolicy()
     .choose_prefill(

@@ -58,6 +58,14 @@ XPYD = str(Path(sys.executable).with_name("xpyd"))
         (["--decode", U, "--tokenizer", "hf:a/b/c"], "--tokenizer hf:a/b/c: want hf:ORG/NAME[@REVISION]"),
         (["--decode", U, "--tokenizer", "hf:org/m@x y"], "the revision after '@' must be"),
         (["--decode", U, "--chat-template", "t.jinja"], "--chat-template needs --tokenizer PATH or hf:REPO"),
+        (["--decode", U, "--cpu-tier-gpu", "B200"], "--cpu-tier-gpu and --cpu-tier-model go together"),
+        (["--decode", U, "--cpu-tier-model", "llama-3.1-8b"], "--cpu-tier-gpu and --cpu-tier-model go together"),
+        (["--decode", U, "--cpu-tier-gpu", "Z9", "--cpu-tier-model", "llama-3.1-8b"], "--cpu-tier-*: "),
+        (["--decode", U, "--cpu-tier-gpu", "B200", "--cpu-tier-model", "no-such-model"], "--cpu-tier-*: "),
+        (
+            ["--decode", U, "--cpu-tier-gpu", "B200", "--cpu-tier-model", "llama-3.1-8b", "--cpu-tier-tp", "0"],
+            "--cpu-tier-*: reload pricing needs tp >= 1",
+        ),
         (["--decode", U, "--tokenizer", "emulator", "--chat-template", "t.jinja"], "--chat-template needs"),
         (
             ["--decode", U, "--tokenizer", "hf:org/m", "--chat-template", "/nonexistent/t.jinja"],

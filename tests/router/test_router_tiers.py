@@ -163,3 +163,13 @@ def test_the_tier_scorer_counts_gpu_blocks_whole_and_cpu_blocks_by_their_reload(
     w5, w4 = index.offloaded.worth(2, 5), index.offloaded.worth(0, 4)
     assert tiers == pytest.approx([3, 2 + 5 * w5, 4 * w4])
     assert tiers[1] > tiers[0]  # 2 GPU + 5 CPU blocks beat 3 GPU blocks where a reload pays
+
+
+def test_the_router_prices_cpu_blocks_from_its_flags() -> None:
+    from xpyd_router.cli import parser, validate
+
+    flags = ["--cpu-tier-gpu", "GB200", "--cpu-tier-model", "meta-llama/Llama-3.1-70B-Instruct", "--cpu-tier-tp", "4"]
+    args = parser().parse_args(["--decode", "http://127.0.0.1:9", *flags])
+    assert validate(args) is None
+    assert args.cpu_tier == ReloadCost(LLAMA, GPUS["GB200"], 4)
+    assert parser().parse_args(["--decode", "http://127.0.0.1:9"]).scorers.startswith("tiers,")

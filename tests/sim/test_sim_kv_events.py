@@ -49,6 +49,7 @@ class _Worker:
         self.name = name
         self.cache = _Cache(events)
         self.caches = [self.cache]  # one rank
+        self.tiers: list[_Cache] = []  # no CPU tier
 
 
 @pytest.mark.parametrize("own", [False, True], ids=["events", "events+own"])
