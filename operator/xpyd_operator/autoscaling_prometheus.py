@@ -13,7 +13,7 @@ import httpx
 
 from xpyd_api.engines import VLLM_METRICS, MetricNames
 
-from .autoscaling_promql import ROLE_LABEL, pool_queries
+from .autoscaling_promql import ROLE_LABEL, held_query, pool_queries
 from .autoscaling_types import PoolMetrics, PrometheusError
 
 
@@ -82,13 +82,17 @@ class PrometheusClient:
         """Every pool's metrics, from concurrent instant queries scoped to the deployment's pods, in the
         metric names of its engine."""
         queries = pool_queries(namespace, deployment, stale_after, rate_window, metrics)
-        answers = await asyncio.gather(*(self.query(q, at) for q in queries.values()))
+        held_q = held_query(namespace, deployment)
+        *answers, held = await asyncio.gather(*(self.query(q, at) for q in (*queries.values(), held_q)))
         per_role: dict[str, dict[str, Any]] = {r: {} for r in roles}
         for field, samples in zip(queries, answers, strict=True):
             for s in samples:
                 role = s.labels.get(ROLE_LABEL)
                 if role in per_role and not math.isnan(s.value) and not math.isinf(s.value):
                     per_role[role][field] = int(s.value) if field == "reporting" else s.value
+        if held and math.isfinite(held[0].value):  # the routers' waiting rooms: the deployment's, on every pool
+            for fields in per_role.values():
+                fields["held"] = held[0].value
         return {role: PoolMetrics(**fields) for role, fields in per_role.items()}
 
 

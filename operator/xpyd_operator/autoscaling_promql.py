@@ -118,3 +118,8 @@ def _hit_ratio(metrics: MetricNames, sel: str, by: str, window: str) -> str | No
     if metrics.cache_hit_rate:
         return f"avg {by} ({metrics.cache_hit_rate}{{{sel}}})"
     return None
+
+
+def held_query(namespace: str, deployment: str) -> str:
+    """The requests the deployment's routers hold for a worker to start (one value, every replica summed)."""
+    return f"sum({names.ROUTER_HELD}{{{NAMESPACE_LABEL}={_quote(namespace)},deployment={_quote(deployment)}}})"

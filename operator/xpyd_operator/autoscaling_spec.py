@@ -7,7 +7,7 @@ The operator's autoscaler and `xpyd simulate` both go through here, so every fie
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xpyd_api import conditions as C
@@ -23,6 +23,7 @@ from .autoscaling_types import (
     Policy,
     PolicyInputs,
     PoolBounds,
+    PoolDecision,
     PoolMetrics,
     PoolObservation,
     PoolState,
@@ -148,6 +149,18 @@ def status_patch(
     return autoscaler, C.merge(old.conditions, [fresh], C.rfc3339(now), ())[0]
 
 
+def wake(inputs: PolicyInputs, decision: Decision) -> Decision:
+    """Pools left at zero while the router holds requests for them start one replica (every pool: a request
+    needs them all); any policy's answer passes through here. A pool with replicas left is the policy's."""
+    pools = dict(decision.pools)
+    for role, dec in decision.pools.items():
+        obs, bounds = inputs.pools[role], inputs.bounds[role]
+        if dec.desired == 0 and (obs.held or 0) > 0 and bounds.max_replicas >= 1:
+            message = f"{obs.held:g} requests wait in the router for a worker: starting one replica"
+            pools[role] = PoolDecision(1, "wake", message)
+    return replace(decision, pools=pools) if pools != decision.pools else decision
+
+
 def evaluate(
     spec: DisaggregatedDeploymentSpec,
     status: DisaggregatedDeploymentStatus,
@@ -163,6 +176,6 @@ def evaluate(
     error = metrics if isinstance(metrics, PrometheusError) else None
     observed = None if isinstance(metrics, PrometheusError) else metrics
     inputs = policy_inputs(spec, runtimes, observed, free_gpus)
-    decision = (policy or policy_for(spec)).decide(inputs, history(status), now)
+    decision = wake(inputs, (policy or policy_for(spec)).decide(inputs, history(status), now))
     auto, cond = status_patch(status, decision, runtimes, error, now, generation)
     return AutoscaleResult({r: d.desired for r, d in decision.pools.items()}, auto, cond, decision)

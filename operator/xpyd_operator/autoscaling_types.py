@@ -51,6 +51,9 @@ class PoolMetrics:
     generation_tokens_rate: float | None = None  # sum of rate(vllm:generation_tokens_total), tokens/s
     request_rate: float | None = None  # requests/s finishing prefill (rate of the prompt-length histogram count)
     prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the interval, 0..1
+    # requests the deployment's router replicas hold for a worker to start (xpyd_router_held_requests):
+    # the demand that wakes a pool at zero, the same figure on every pool (None: not scraped)
+    held: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

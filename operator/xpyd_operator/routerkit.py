@@ -35,6 +35,19 @@ KEY_VOLUME, KEY_DIR, KEY_FILE = "api-key", "/etc/xpyd/router-key", "api-key"
 TLS_VOLUME, TLS_DIR = "tls", "/etc/xpyd/router-tls"
 
 
+# How long the router holds a request while a pool at zero starts: an engine's cold start (image pulled,
+# weights loaded, kernels compiled) takes minutes; the request's own deadline (600 s) bounds it too.
+COLD_HOLD_SECONDS = 300.0
+
+
+def scales_to_zero(spec: DisaggregatedDeploymentSpec) -> bool:
+    """Whether a pool may stand at zero replicas: asked so, or allowed to by its autoscaling bounds."""
+    return any(
+        pool.replicas == 0 or (pool.autoscaling is not None and pool.autoscaling.min_replicas == 0)
+        for pool in spec.pools().values()
+    )
+
+
 def name(owner: Owner) -> str:
     return child_name(owner, ROLE)
 
@@ -48,6 +61,8 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
     if (tok := tokenizer(spec)) != "none":  # prefixes keyed by the engines' tokens: their KV events apply
         cmd += ["--tokenizer", tok]
     cmd += secret_args(spec)
+    if scales_to_zero(spec):  # requests wait for a pool at zero to start, and their count wakes it
+        cmd += ["--hold-seconds", f"{COLD_HOLD_SECONDS:g}", "--served-model", spec.model.name]
     if spec.router.log_level != "WARNING":  # the router's default: unchanged pods for unchanged specs
         cmd += ["--log-level", spec.router.log_level]
     # Ready once it routes (/health: a ready decode or co-located worker); alive while its loop answers.

@@ -21,6 +21,13 @@ from xpyd_router.targets import split_target
 
 Background = Callable[[WorkerPool], Coroutine[Any, Any, None]]
 MODELS_TIMEOUT = 5.0  # seconds for one worker's /v1/models
+
+
+def served_models(name: str) -> bytes:
+    """An OpenAI model list of one model, as the engines write it."""
+    return orjson.dumps({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "xpyd"}]})
+
+
 _ERRORS = (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError)
 
 
@@ -77,6 +84,10 @@ def build_app(
             await session.close()
             proxy.close()
 
+    # The last list a worker gave: a pool scaled to zero keeps its model listed, so clients (and the
+    # waiting room) still see the demand that wakes it; before any worker answered, --served-model's.
+    listed: list[bytes] = [served_models(proxy.config.served_model)] if proxy.config.served_model else []
+
     async def models(request: Request) -> Reply:
         denied = proxy.unauthorized(request)
         if denied is not None:
@@ -89,9 +100,12 @@ def build_app(
                 async with proxy.session.get(server + "/v1/models", timeout=limit) as resp:
                     data = await resp.read()
                 if resp.status == 200 and isinstance(orjson.loads(data), dict):
+                    listed[:] = [data]
                     return Reply(200, data)
             except _ERRORS:
                 continue
+        if listed and proxy.hold.enabled:
+            return Reply(200, listed[0])
         return error_reply(503, "no worker could list the models", "service_unavailable")
 
     async def health(_: Request) -> Reply:

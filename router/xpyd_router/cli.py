@@ -185,6 +185,19 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cpu-tier-tp", type=int, default=1, metavar="N", help="GPUs a first-hop replica reloads over")
     p.add_argument(
+        "--hold-seconds", type=float, default=0.0, metavar="S",
+        help="a request that finds no ready worker (a pool scaled to zero, or starting) waits up to S seconds for "
+        "one, within its deadline, then gets 503 with Retry-After; the waiting count "
+        "(xpyd_router_held_requests) wakes the pools (0: 503 at once; the operator sets it for minReplicas 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--hold-max", type=int, default=256, metavar="N", help="requests that wait so at once (the next: 503)"
+    )
+    p.add_argument(
+        "--served-model", metavar="NAME",
+        help="the model /v1/models lists while no worker can list it (a pool at zero), until one has",
+    )  # fmt: skip
+    p.add_argument(
         "--pair-failures", type=int, default=3, metavar="N",
         help="KV handoffs failed in a row that take a prefill/decode pair (not its workers) out of pairing "
         "for a cool-off, doubling up to 5 minutes (0: never)",
@@ -294,6 +307,10 @@ def validate(args: argparse.Namespace) -> str | None:
             )
         except ValueError as exc:
             return f"--cpu-tier-*: {exc}"
+    if not (args.hold_seconds >= 0 and math.isfinite(args.hold_seconds)):
+        return f"--hold-seconds must be 0 or more seconds, got {args.hold_seconds}"
+    if args.hold_max < 1:
+        return f"--hold-max must be at least 1, got {args.hold_max}"
     if not (args.handoff_slow_seconds >= 0 and math.isfinite(args.handoff_slow_seconds)):
         return f"--handoff-slow-seconds must be 0 or more seconds, got {args.handoff_slow_seconds}"
     if not isinstance(logging.getLevelName(args.log_level.upper()), int):
@@ -372,6 +389,9 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
         kv_bytes_per_token=args.kv_bytes_per_token,
         pairs=PairLimits(failures=args.pair_failures, slow_seconds=args.handoff_slow_seconds),
         warm_pairs=args.warm_pairs,
+        hold_seconds=args.hold_seconds,
+        hold_max=args.hold_max,
+        served_model=args.served_model,
     )
     app = build_app(pool, metrics, config, args.scrape_interval, background)
     if share is not None:

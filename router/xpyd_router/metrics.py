@@ -18,6 +18,7 @@ ROUTER_CPU_TIER_BLOCKS = "xpyd_router_cpu_tier_blocks_total"
 _HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # A KV handoff: ~1 ms (NVLink, a short prompt) to seconds (a first NIXL handshake, a long prompt over RDMA).
 _HANDOFF_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+HOLD_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 300, 600)  # a cold start: seconds to minutes
 _PAIR = ["deployment", "prefill", "decode"]  # per prefill/decode pair: P x D series at most
 
 
@@ -112,6 +113,45 @@ class _Peers:
         )  # fmt: skip
         learnt.add_metric(d, self.state.learnt)
         return [peers, sharing, learnt]
+
+
+class HoldState(Protocol):
+    """What the waiting room knows (xpyd_router.hold.ColdHold)."""
+
+    @property
+    def held(self) -> int: ...
+
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+
+
+class _Hold:
+    """The waiting room for requests no worker can take yet, read at scrape time."""
+
+    def __init__(self, deployment: str, state: HoldState) -> None:
+        self.deployment, self.state = deployment, state
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        d = [self.deployment]
+        held = GaugeMetricFamily(
+            names.ROUTER_HELD,
+            "Requests waiting for a worker to become ready (a pool scaled to zero or starting): the autoscaler "
+            "wakes the pools while it is above zero.",
+            labels=["deployment"],
+        )
+        held.add_metric(d, self.state.held)
+        outcomes = CounterMetricFamily(
+            names.ROUTER_HOLD_OUTCOMES.removesuffix("_total"),
+            "Requests that waited for a worker, by outcome: served, timeout (503 after --hold-seconds), full "
+            "(503 at once: --hold-max were waiting).",
+            labels=["deployment", "outcome"],
+        )
+        for outcome, n in self.state.counts.items():
+            outcomes.add_metric([*d, outcome], n)
+        return [held, outcomes]
 
 
 class RouterMetrics:
@@ -369,6 +409,16 @@ class RouterMetrics:
     def kv_events(self, views: Callable[[], Mapping[str, EventCounts]]) -> None:
         """Export the KV event counts of the views `views()` returns, read at each scrape."""
         self.registry.register(_KvEvents(self.deployment, views))
+
+    def hold(self, state: HoldState) -> Callable[[float], None]:
+        """Export the waiting room's state, read at each scrape; returns what to call with each served
+        request's wait."""
+        self.registry.register(_Hold(self.deployment, state))
+        wait = Histogram(
+            names.ROUTER_HOLD_WAIT, "How long a request waited for a worker to become ready before it was served.",
+            ["deployment"], buckets=HOLD_BUCKETS, registry=self.registry,
+        ).labels(self.deployment)  # fmt: skip
+        return wait.observe
 
     def peers(self, state: PeerState) -> None:
         """Export the replica exchange's state, read at each scrape."""

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -15,6 +15,7 @@ from xpyd_router import handoff
 from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
 from xpyd_router.handoff import HopFailed
 from xpyd_router.hashing import affinity_key
+from xpyd_router.hold import ColdHold, HoldRefused
 from xpyd_router.hops import Exchange, Hops
 from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router.metrics import RouterMetrics
@@ -48,6 +49,9 @@ class ProxyConfig:
     kv_bytes_per_token: int = 0  # the model's KV bytes per prompt token: the handoff bytes series (0: none)
     pairs: PairLimits = field(default_factory=PairLimits)  # when a prefill/decode pair cools off
     warm_pairs: bool = False  # a warm-up handoff per new pair (the CLI's default is on: --no-warm-pairs)
+    hold_seconds: float = 0.0  # a request no worker can take waits this long for one (0: 503 at once)
+    hold_max: int = 256  # requests waiting so at once; the next gets 503 at once
+    served_model: str | None = None  # what /v1/models lists while no worker can (a pool at zero)
 
 
 class Proxy:
@@ -64,6 +68,9 @@ class Proxy:
         self.inflight = 0  # requests being served; the gauge reads it when scraped (no lock per request)
         metrics.inflight_now.set_function(lambda: self.inflight)
         self._keyer: ThreadPoolExecutor | None = None  # started by the first long prompt
+        self.hold = ColdHold(config.hold_seconds, config.hold_max)  # requests waiting for a worker to start
+        if self.hold.enabled:
+            self.hold.on_served = metrics.hold(self.hold)
 
     def close(self) -> None:
         self.upstream.close()
@@ -165,8 +172,15 @@ class Proxy:
             except NoWorker as exc:
                 if last_error:  # every worker there is failed this request
                     break
-                self.metrics.error("no_worker")
-                return error_reply(503, str(exc), "service_unavailable")
+                if not self.hold.enabled:
+                    self.metrics.error("no_worker")
+                    return error_reply(503, str(exc), "service_unavailable")
+                try:  # a pool at zero or starting: wait for a worker (the waiting count wakes the pools)
+                    plan = await self.hold.wait(lambda: self.pool.route(req, frozenset(tried)))
+                except HoldRefused as refused:
+                    self.metrics.error("no_worker")
+                    reply = error_reply(503, str(refused), "service_unavailable")
+                    return replace(reply, headers=(("Retry-After", str(refused.retry_after)),))
             self._count(plan, req, retry=attempt > 0)
             try:
                 return await self.hops.run(ex, path, body, req, plan, stream)

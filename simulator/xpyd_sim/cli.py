@@ -62,6 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-delay", type=float, default=0.05, help="seconds a KV event takes to reach the routers")
     p.add_argument("--peer-sync", type=float, default=0.0, help="router replicas share in-flight counts this often (s)")
     p.add_argument("--cache-tokens", type=int, help="cap each worker's prefix cache at this many tokens")
+    p.add_argument(
+        "--offload-bytes",
+        type=_size,
+        default=0,
+        metavar="BYTES",
+        help="host memory per replica for a CPU KV tier (KV offloading), e.g. 200Gi; prefill and co-located"
+        " pools (0: none, unless the spec's pools set one)",
+    )
+    p.add_argument("--offload-decode", action="store_true", help="give decode replicas the CPU KV tier too")
+    p.add_argument(
+        "--no-tier-pricing",
+        dest="tier_pricing",
+        action="store_false",
+        help="the router counts CPU-held blocks as nothing (default: priced by what a reload saves)",
+    )
     p.add_argument("--scale", type=int, default=1, help="overlay this many copies of the trace (own prefixes)")
     p.add_argument("--max-requests", type=int, help="replay at most this many requests")
     p.add_argument("--duration", type=float, help="replay arrivals of the first S seconds only")
@@ -73,6 +88,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seqs", type=int, default=256, help="max_num_seqs per replica")
     p.add_argument("--no-progress", action="store_true", help="never show the progress bar")
     return p
+
+
+_UNITS = {
+    "": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+}
+
+
+def _size(text: str) -> int:
+    """A byte count as Kubernetes quantities write one: 200Gi, 64G, 1000000."""
+    value = text.strip()
+    unit = value.lstrip("0123456789.")
+    number = value[: len(value) - len(unit)]
+    try:
+        got = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (e.g. 200Gi, 64G, 1000000)") from None
+    if got < 0:
+        raise argparse.ArgumentTypeError(f"a byte size must be >= 0, got {text!r}")
+    return int(got)
 
 
 class Progress:
@@ -141,6 +183,9 @@ def main(argv: list[str]) -> int:
         cache_tokens=args.cache_tokens,
         autoscaler_targets=targets,
         dp_routing=args.dp_routing,
+        offload_bytes=args.offload_bytes,
+        offload_decode=args.offload_decode,
+        tier_pricing=args.tier_pricing,
     )
     if args.plot:
         try:

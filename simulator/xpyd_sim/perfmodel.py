@@ -36,7 +36,8 @@ class PoolPerf:
     """
 
     __slots__ = (
-        "_attn_per_ctx", "gpu", "gpus", "host_bandwidth", "kv_bytes_per_token", "kv_capacity_tokens", "model", "parallel", "tp",
+        "_attn_per_ctx", "gpu", "gpus", "host_bandwidth", "kv_bytes_per_token", "kv_capacity_tokens", "model",
+        "parallel", "tp",
     )  # fmt: skip
 
     def __init__(

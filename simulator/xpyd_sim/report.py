@@ -47,7 +47,8 @@ def build(sim: Simulation, wall_s: float, cpu_s: float | None = None) -> dict[st
     m.itl = itl
     workers = sim.cluster.all_workers()
     queried = sum(w.stats[0] for w in workers)
-    hit = sum(w.stats[1] for w in workers)
+    hit = sum(w.stats[1] for w in workers)  # GPU hits and reloads from the CPU tier
+    reloaded = sum(w.reloaded for w in workers)
     completed = len(m.ttft)
     out: dict[str, Any] = {
         "deployment": spec.name,
@@ -70,6 +71,11 @@ def build(sim: Simulation, wall_s: float, cpu_s: float | None = None) -> dict[st
         {
             "gpu_hours": round(hours, 3),
             "prefix_hit_ratio": round(hit / queried, 4) if queried else 0.0,
+            # of those prompt tokens not computed, the share found on the GPU and the share reloaded
+            # from a CPU KV tier (KV offloading); they sum to prefix_hit_ratio
+            "gpu_hit_ratio": round((hit - reloaded) / queried, 4) if queried else 0.0,
+            "cpu_hit_ratio": round(reloaded / queried, 4) if queried else 0.0,
+            "reloaded_tokens": reloaded,
             "imbalance": imbalance(sim),
             "direct_requests": m.direct,
             "kv_bytes_nvlink": m.kv_bytes["nvlink"],

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from xpyd_operator.autoscaling_prometheus import PrometheusClient
-from xpyd_operator.autoscaling_promql import SCRAPE_CONFIG, pool_queries, selector
+from xpyd_operator.autoscaling_promql import SCRAPE_CONFIG, held_query, pool_queries, selector
 from xpyd_operator.autoscaling_types import PrometheusError
 
 URL = "http://127.0.0.1:9"
@@ -85,6 +85,8 @@ async def test_observe_maps_roles_and_drops_nan() -> None:
     queries = pool_queries("ns", "llama", 60)
 
     def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.params["query"] == held_query("ns", "llama"):  # the routers' held requests: one value
+            return vector(({}, "3"))
         field = next(k for k, q in queries.items() if q == req.url.params["query"])
         if field == "ttft_p90":
             return vector(({"xpyd_role": "prefill"}, "NaN"))
@@ -98,6 +100,7 @@ async def test_observe_maps_roles_and_drops_nan() -> None:
     assert (got["prefill"].waiting, got["prefill"].reporting, got["prefill"].kv_usage) == (4.0, 4, None)
     assert got["decode"].kv_usage == 0.5
     assert set(got) == {"prefill", "decode"}
+    assert got["prefill"].held == got["decode"].held == 3.0  # the deployment's figure, on every pool
 
 
 async def test_observe_with_no_series_leaves_everything_missing() -> None:
