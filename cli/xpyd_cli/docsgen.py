@@ -499,12 +499,14 @@ def metrics() -> list[Metric]:
 
     from xpyd_operator import opmetrics
     from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
+    from xpyd_router.hold import ColdHold
     from xpyd_router.metrics import EventCounts, RouterMetrics
 
     router = RouterMetrics("reference", CollectorRegistry())
     views: dict[str, EventCounts] = {"worker": _OneWorker()}
     router.kv_events(lambda: views)
     router.peers(_NoPeers())
+    router.hold(ColdHold(1.0))  # a router that holds requests for pools at zero (--hold-seconds)
     out = _families(router.registry.collect(), "router", _labels([router]))
     wrappers = [m for m in vars(opmetrics).values() if isinstance(m, MetricWrapperBase)]
     out += _families([f for m in wrappers for f in m.describe()], "operator", _labels([opmetrics]))
