@@ -9,6 +9,7 @@ $PY bench/emulator/run.py
 $PY bench/router/run.py
 $PY bench/sim/run.py
 $PY bench/autoscaler/azure.py --scale 8
+$PY bench/autoscaler/slo_frontier.py
 $PY bench/moe/run.py
 $PY bench/moe/simulate.py
 $PY bench/dp/run.py
@@ -16,6 +17,7 @@ $PY bench/dp/live.py --out bench/results/dp-ranks-live.md
 $PY bench/router/loop_stall.py --out bench/results/loop-stall.md
 $PY bench/router/kv_cost.py --out bench/results/kv-cost.md
 $PY bench/cache/run.py
+$PY bench/tiers/run.py
 if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
 $PY bench/operator/bench_operator.py
 $PY bench/reliability/run.py   # its cluster cases restart the local cluster's components: last
