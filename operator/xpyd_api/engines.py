@@ -110,6 +110,16 @@ class EngineProfile:
     # vLLM's NixlConnector has no PP before 0.32 and from 0.32 only on a push-mode prefill (NixlPushConnector),
     # which xpyd does not render; SGLang's is not checked here
     handoff_pipeline_parallel: bool = False
+    # How a pool's kvOffload (a CPU tier for KV blocks) is rendered. "flags": vLLM's --kv-offloading-size (GiB,
+    # all tensor-parallel ranks together) and --kv-offloading-backend (native | lmcache), read from 0.14.0's
+    # vllm/config/cache.py; vllm/config/vllm.py (_post_init_kv_transfer_config) then *replaces* kv_connector with
+    # OffloadingConnector (cpu_bytes_to_use) and kv_role with kv_both, so a P/D pool gets a MultiConnector of
+    # NixlConnector and OffloadingConnector in --kv-transfer-config instead. "hicache": SGLang's
+    # --enable-hierarchical-cache --hicache-size (whole GB of 1e9 bytes per rank; sglang/srt/server_args.py and
+    # mem_cache/memory_pool_host.py of 0.5.3, arg_groups + mem_cache/pool_host/base.py of 0.5.23). "none": vLLM
+    # 0.11.x, whose OffloadingConnector needs num_cpu_blocks (v1/kv_offload/cpu.py), which depends on the model's
+    # block bytes, and 0.11.1's --kv-offloading-size native path writes num_cpu_blocks 0, which that check refuses.
+    kv_offload: Literal["flags", "hicache", "none"] = "none"
 
     @property
     def version_text(self) -> str:
@@ -128,11 +138,11 @@ KV_SPLIT_VLLM: Final = (0, 23, 0)
 PROFILES: Final[tuple[EngineProfile, ...]] = (
     EngineProfile(
         "vllm", KV_SPLIT_VLLM, "vllm/vllm-openai:v0.34.0", ("0.34.0", "0.33.0", "0.32.0", "0.23.0"), "nixl",
-        VLLM_METRICS, kv_roles=_KV_SPLIT, all2all="flag", rank_header=True,
+        VLLM_METRICS, kv_roles=_KV_SPLIT, all2all="flag", rank_header=True, kv_offload="flags",
     ),
     EngineProfile(
         "vllm", (0, 14, 0), "vllm/vllm-openai:v0.14.0", ("0.14.0",), "nixl", VLLM_METRICS,
-        kv_roles=_KV_BOTH, all2all="flag", rank_header=True,
+        kv_roles=_KV_BOTH, all2all="flag", rank_header=True, kv_offload="flags",
     ),
     EngineProfile(
         "vllm", (0, 11, 1), "vllm/vllm-openai:v0.11.1", ("0.11.1",), "nixl", VLLM_METRICS,
@@ -144,14 +154,15 @@ PROFILES: Final[tuple[EngineProfile, ...]] = (
     ),
     EngineProfile(
         "sglang", (0, 5, 23), "lmsysorg/sglang:v0.5.23", ("0.5.23",), "bootstrap", SGLANG_METRICS,
-        dp_attention="attn-dp-size", metrics_flag="--enable-metrics", chat="sglang",
+        dp_attention="attn-dp-size", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
     ),
     EngineProfile(
         "sglang", (0, 5, 3), "lmsysorg/sglang:v0.5.3", ("0.5.3",), "bootstrap", SGLANG_METRICS,
-        dp_attention="enable-dp-attention", metrics_flag="--enable-metrics", chat="sglang",
+        dp_attention="enable-dp-attention", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
     ),
 )  # fmt: skip
-# The emulator speaks the newest vLLM's protocol and flags.
+# The emulator speaks the newest vLLM's protocol and flags; it models no CPU tier, so kvOffload renders nothing
+# for it ("none"; its parser would pass --kv-offloading-size over as unknown).
 EMULATOR: Final = EngineProfile(
     "emulator",
     (0, 0, 0),
@@ -169,6 +180,26 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+.][\w.+-]*)?$")
 
 class EngineUnsupported(ValueError):
     """A kind or release the operator cannot serve; the message names it and what would do."""
+
+
+KV_OFFLOAD_MIN_VLLM: Final = "0.14.0"  # the first vLLM whose offloading takes a size (cpu_bytes_to_use)
+
+
+def kv_offload_problem(profile: EngineProfile, where: str, backend: str, disk: str | None) -> str | None:
+    """Why this release cannot render a pool's kvOffload (`where` names the field); None when it can."""
+    release = f"{profile.kind} {profile.version_text}"
+    if profile.kind == "emulator":
+        return None  # the emulator models no CPU tier: nothing is rendered
+    if profile.kv_offload == "none":
+        return (
+            f"{where} needs {profile.kind} {KV_OFFLOAD_MIN_VLLM} or newer: {release}'s OffloadingConnector takes a"
+            " CPU block count, not a size; use a newer image (or spec.engine.version) or drop kvOffload"
+        )
+    if disk is not None:
+        return f"{where}.disk: {release} takes no local-disk tier size from xpyd; drop disk"
+    if profile.kv_offload == "hicache" and backend != "native":
+        return f"{where}.backend {backend!r}: {profile.kind} offloads with its HiCache; drop backend"
+    return None
 
 
 def parse_version(text: str) -> Version | None:
@@ -264,8 +295,11 @@ def _text(version: Version) -> str:
 
 _COLUMNS: Final = ("Engine", "Releases", "Checked against (wheels)", "KV handoff", "kv_role (prefill / decode)",
                    "MoE all-to-all kernel", "Multi-node tensor parallel", "Routes to each data-parallel rank",
-                   "Data-parallel attention", "Serves /metrics")  # fmt: skip
+                   "Data-parallel attention", "Serves /metrics", "CPU KV tier (kvOffload)")  # fmt: skip
 _ALL2ALL: Final = {"flag": "`--all2all-backend`", "env": "`VLLM_ALL2ALL_BACKEND`", "none": "-"}
+_KV_OFFLOAD: Final = {"flags": "`--kv-offloading-size`; P/D: MultiConnector + OffloadingConnector",
+               "hicache": "`--enable-hierarchical-cache --hicache-size`",
+               "none": f"no (from {KV_OFFLOAD_MIN_VLLM})"}  # fmt: skip
 _DP_ATTENTION: Final = {"attn-dp-size": "`--attn-dp-size`", "enable-dp-attention": "`--dp-size --enable-dp-attention`",
                         "none": "-"}  # fmt: skip
 
@@ -285,6 +319,7 @@ def _matrix_row(p: EngineProfile, newer: EngineProfile | None) -> list[str]:
         ("yes" if p.rank_header else "no: the engine balances") if vllm else "no: the engine balances",
         _DP_ATTENTION[p.dp_attention],
         f"with `{p.metrics_flag}`" if p.metrics_flag else "always",
+        _KV_OFFLOAD[p.kv_offload],
     ]
 
 

@@ -7,6 +7,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from xpyd_api import engines as engine_profiles
 from xpyd_api.apibase import FREE_FORM, QUANTITY, ApiModel, cel
 from xpyd_api.engines import Kind
 from xpyd_api.layout import ReplicaLayout, replica_layout
@@ -19,6 +20,8 @@ from xpyd_api.podmodels import (
     checked_patch,
     template_patch_field,
 )
+from xpyd_api.podpatch import ENGINE_CONTAINER
+from xpyd_api.quantity import bytes_quantity, quantity_bytes
 from xpyd_api.rules import (
     MAX_REPLICA_GPUS,
     POOL_RULES,
@@ -189,6 +192,45 @@ class PoolAutoscaling(_Model):
     max_replicas: int = Field(ge=1)
 
 
+KvOffloadBackend = Literal["native", "lmcache"]
+KV_OFFLOAD_BACKENDS: Final[tuple[KvOffloadBackend, ...]] = ("native", "lmcache")
+
+
+class KvOffloadSpec(_Model):
+    """A host-memory tier under the GPU KV cache: blocks evicted from the GPU are kept in CPU memory and loaded back."""
+
+    cpu_memory: str = Field(
+        pattern=QUANTITY,
+        description="Host memory of one replica's CPU tier, all its ranks together, e.g. 64Gi; the pod's memory"
+        " request grows by its share.",
+    )
+    backend: KvOffloadBackend = Field(
+        default="native",
+        description="vLLM's offloading backend: native (its OffloadingConnector) or lmcache. SGLang uses HiCache.",
+        json_schema_extra={"enum": list(KV_OFFLOAD_BACKENDS)},
+    )
+    disk: str | None = Field(
+        default=None,
+        pattern=QUANTITY,
+        description="A local-disk tier below the CPU tier; no engine release xpyd serves takes its size yet.",
+    )
+
+    @field_validator("cpu_memory", "disk")
+    @classmethod
+    def _size(cls, v: str | None, info: Any) -> str | None:
+        if v is None:
+            return v
+        name = "cpuMemory" if info.field_name == "cpu_memory" else "disk"
+        n = quantity_bytes(v)
+        if n is None or n <= 0:
+            raise ValueError(f"kvOffload.{name} must be a positive memory quantity such as 64Gi, got {v!r}")
+        return v
+
+    @property
+    def cpu_bytes(self) -> int:
+        return quantity_bytes(self.cpu_memory) or 0
+
+
 class PoolSpec(_Model):
     """One pool of identical engine replicas: a StatefulSet, or a LeaderWorkerSet when a replica spans nodes."""
 
@@ -220,6 +262,11 @@ class PoolSpec(_Model):
     )
     args: list[str] = Field(default_factory=list, description="Extra engine arguments for this pool only.")
     autoscaling: PoolAutoscaling | None = None
+    kv_offload: KvOffloadSpec | None = Field(
+        default=None,
+        description="Offload KV cache to host memory (a CPU tier under the GPU's): worth it when the working set"
+        " outgrows GPU KV (long shared prefixes, multi-turn chat); costs host memory and PCIe bandwidth.",
+    )
     pod_template_patch: dict[str, Any] | None = template_patch_field("this pool's")
 
     @model_validator(mode="after")
@@ -480,6 +527,16 @@ class WorkloadSpec(_Model):
     )
 
 
+def _engine_memory_limit(patch: dict[str, Any] | None) -> str | None:
+    """resources.limits.memory of the engine container in a pod template patch, if it sets one."""
+    containers = ((patch or {}).get("spec") or {}).get("containers") or []
+    for c in containers:
+        if isinstance(c, dict) and c.get("name") == ENGINE_CONTAINER:
+            limit = ((c.get("resources") or {}).get("limits") or {}).get("memory")
+            return str(limit) if limit is not None else None
+    return None
+
+
 class DisaggregatedDeploymentSpec(_Model):
     model_config = ConfigDict(json_schema_extra=cel(SPEC_RULES))
 
@@ -519,7 +576,31 @@ class DisaggregatedDeploymentSpec(_Model):
         checked_patch(self.pod_template_patch, "podTemplatePatch")
         if self.model.token_secret is not None and any(e.name == HF_TOKEN for e in self.engine.env):
             raise SpecError(f"{HF_TOKEN} is set twice: by model.tokenSecret and in engine.env; keep one")
+        for role, pool in self.pools().items():
+            if pool.kv_offload is not None:
+                self._check_kv_offload(role, pool, pool.kv_offload)
         return self
+
+    def _check_kv_offload(self, role: str, pool: PoolSpec, offload: KvOffloadSpec) -> None:
+        """A release that cannot render the tier, or a patched memory limit below the pod's share of it."""
+        try:
+            profile = engine_profiles.resolve(self.engine.kind, self.engine.image, self.engine.version)
+        except engine_profiles.EngineUnsupported:
+            return  # the operator reports the engine itself (EngineUnsupported)
+        where = f"{role}.kvOffload"
+        if (problem := engine_profiles.kv_offload_problem(profile, where, offload.backend, offload.disk)) is not None:
+            raise SpecError(problem)
+        if profile.kind == "emulator":
+            return
+        share = -(-offload.cpu_bytes // pool.layout(self.topology.hardware).pods)
+        for field, patch in (("podTemplatePatch", self.pod_template_patch), (f"{role}.podTemplatePatch",
+                                                                               pool.pod_template_patch)):  # fmt: skip
+            limit = _engine_memory_limit(patch)
+            if limit is not None and (quantity_bytes(limit) or 0) < share:
+                raise SpecError(
+                    f"{field} limits the engine's memory to {limit}, below {where}.cpuMemory's "
+                    f"{bytes_quantity(share)} per pod; raise the limit or shrink cpuMemory"
+                )
 
     def pools(self) -> dict[str, PoolSpec]:
         """The pools this spec asks for, by role (prefill/decode, or worker when Colocated)."""

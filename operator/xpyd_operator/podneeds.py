@@ -4,8 +4,8 @@
 token from its Secret, the model cache volume with HF_HOME, the network profile's device
 resources, annotations, environment and capabilities, the multi-node NVLink environment on a
 ComputeDomain channel, the wide expert-parallel environment, arm64 on GB200, a startup probe
-sized from the weights, and the user's own service account and scheduling rules. What the user
-wrote wins over a generated default of the same name.
+sized from the weights, the memory of a kvOffload CPU tier, and the user's own service account and
+scheduling rules. What the user wrote wins over a generated default of the same name.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from xpyd_api import fabrics
 from xpyd_api import labels as L
 from xpyd_api.fabrics import FabricParts
 from xpyd_api.models import HF_TOKEN, DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_api.quantity import bytes_quantity, quantity_bytes
 from xpyd_operator import engine, engines, podsecurity, sizing
 
 SHM_VOLUME: Final = "dshm"  # the name pools.py gives the memory-backed /dev/shm
@@ -119,6 +120,19 @@ def _add_resources(container: dict[str, Any], resources: dict[str, str]) -> None
             res.setdefault("limits", {})[name] = quantity
 
 
+def _add_tier_memory(container: dict[str, Any], tier: int) -> None:
+    """The pool's CPU KV tier on top of the engine's memory: the request grows by it, and a limit too."""
+    if tier <= 0:
+        return
+    res = container.setdefault("resources", {})
+    for kind in ("requests", "limits"):
+        have = res.get(kind, {}).get("memory")
+        if have is None and kind == "limits":
+            continue  # no limit to raise: the request reserves the tier
+        base = quantity_bytes(str(have)) if have is not None else 0
+        res.setdefault(kind, {})["memory"] = bytes_quantity((base or 0) + tier)
+
+
 def _add_capabilities(container: dict[str, Any], extra: tuple[str, ...]) -> None:
     requests = container.get("resources", {}).get("requests", {})
     caps = container.setdefault("securityContext", {}).setdefault("capabilities", {"drop": ["ALL"]})
@@ -179,6 +193,7 @@ def dress(
     role = template["metadata"]["labels"].get(L.ROLE, "")
     _add_env(main, env_pairs(spec, pool, parts, compute_domain and "resourceClaims" in pod, role))
     _add_resources(main, parts.resources)
+    _add_tier_memory(main, engines.kv_offload_bytes(spec, role, pool))
     _add_capabilities(main, parts.capabilities)
     if parts.annotations:
         template["metadata"]["annotations"] = {**parts.annotations, **template["metadata"].get("annotations", {})}

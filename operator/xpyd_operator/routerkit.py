@@ -8,6 +8,7 @@ from xpyd_api import labels as L
 from xpyd_api.models import AUTO_TOKENIZER, HF_TOKEN, DisaggregatedDeploymentSpec, RouterServiceSpec, usable_tokenizer
 from xpyd_operator import engines, podsecurity, sizing
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
+from xpyd_perf import UnknownModelError, resolve_model
 
 ROLE = "router"
 
@@ -48,6 +49,21 @@ def scales_to_zero(spec: DisaggregatedDeploymentSpec) -> bool:
     )
 
 
+def cpu_tier_args(spec: DisaggregatedDeploymentSpec) -> list[str]:
+    """The hardware the router prices a reload from a first-hop pool's CPU tier by (its `tiers` scorer):
+    none unless that pool offloads KV, the topology names its GPU and the catalog knows the model."""
+    first = spec.prefill or spec.worker
+    hardware = spec.topology.hardware
+    if first is None or first.kv_offload is None or hardware is None:
+        return []
+    try:
+        resolve_model(spec.model.name)
+    except UnknownModelError:  # an inline or unknown model: the router could not price it by name
+        return []
+    return ["--cpu-tier-gpu", hardware.gpu.name, "--cpu-tier-model", spec.model.name,
+            "--cpu-tier-tp", str(first.gpus_per_replica)]  # fmt: skip
+
+
 def name(owner: Owner) -> str:
     return child_name(owner, ROLE)
 
@@ -61,6 +77,7 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
     if (tok := tokenizer(spec)) != "none":  # prefixes keyed by the engines' tokens: their KV events apply
         cmd += ["--tokenizer", tok]
     cmd += secret_args(spec)
+    cmd += cpu_tier_args(spec)
     if scales_to_zero(spec):  # requests wait for a pool at zero to start, and their count wakes it
         cmd += ["--hold-seconds", f"{COLD_HOLD_SECONDS:g}", "--served-model", spec.model.name]
     if spec.router.log_level != "WARNING":  # the router's default: unchanged pods for unchanged specs

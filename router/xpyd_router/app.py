@@ -112,6 +112,8 @@ def build_app(
         counts = {role: len(pool.ready(role)) for role in ("prefill", "decode", "worker")}
         if counts["decode"] or counts["worker"]:
             return Reply(200, orjson.dumps({"status": "ok", "ready": counts}))
+        if proxy.hold.enabled:  # pools at zero: the router is what takes (and holds) the requests that wake them
+            return Reply(200, orjson.dumps({"status": "holding", "ready": counts, "held": proxy.hold.held}))
         return error_reply(503, f"no ready decode or co-located worker (ready: {counts})", "unavailable")
 
     async def prometheus(_: Request) -> Reply:

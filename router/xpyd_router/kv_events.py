@@ -1,13 +1,13 @@
 """Subscribing to every worker's engine KV events (ZMQ, as vLLM and SGLang publish them).
 
 One SUB socket per worker reads [topic, seq, payload]; a batch is applied once, in seq order.
-On joining, after a gap in seq, and when seq goes backwards (the engine restarted: its cache is
-empty), the subscription asks the engine's replay socket (DEALER to its ROUTER) for the batches
-it missed: it sends ["", start_seq] and reads ["", seq, payload] (newer vLLM: ["", topic, seq,
-payload]) until seq -1. Workers are followed level-based from the pool every second; a worker
-whose engine publishes nothing stays modelled in the index. A worker that is a whole data-parallel
-replica (its engine picks the rank) names every rank's sockets: one subscription per rank, each
-rank's view counted into the worker's one entry in the index (replica_index.py).
+On joining, after a gap in seq, when seq goes backwards (the engine restarted: its cache is empty)
+and after QUIET_SECONDS without a batch, the subscription asks the engine's replay socket (DEALER to
+its ROUTER) for the batches it missed: it sends ["", start_seq] and reads ["", seq, payload] (newer
+vLLM: ["", topic, seq, payload]) until seq -1. Workers are followed level-based from the pool every
+second; a worker whose engine publishes nothing stays modelled in the index. A worker that is a
+whole data-parallel replica (its engine picks the rank) names every rank's sockets: one subscription
+per rank, each rank's view counted into the worker's one entry in the index (replica_index.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ log = logging.getLogger("xpyd_router.kv_events")
 EVENTS, REPLAY = "kv_events", "kv_replay"  # WorkerState.extra keys: tcp:// endpoints
 REPLAY_TIMEOUT = 2.0  # seconds to wait for each replayed batch
 SYNC_SECONDS = 1.0
+QUIET_SECONDS = 5.0  # a stream this long without a batch asks the replay socket for anything missed
 END_SEQ = -1
 
 
@@ -40,9 +41,10 @@ class Subscription:
     """One engine's event stream, applied to its EngineView in seq order."""
 
     def __init__(self, ctx: zmq.asyncio.Context, events: str, replay: str, topic: str, view: EngineView,
-                 active: Callable[[], bool], replay_timeout: float = REPLAY_TIMEOUT) -> None:  # fmt: skip
+                 active: Callable[[], bool], replay_timeout: float = REPLAY_TIMEOUT,
+                 quiet: float = QUIET_SECONDS) -> None:  # fmt: skip
         self.ctx, self.events, self.replay, self.topic = ctx, events, replay, topic
-        self.view, self.active, self.replay_timeout = view, active, replay_timeout
+        self.view, self.active, self.replay_timeout, self.quiet = view, active, replay_timeout, quiet
         self.last: int | None = None  # seq of the last batch applied
         self.last_live: int | None = None  # seq of the last batch read on SUB
         self.bad = 0  # payloads that were not KV event batches
@@ -55,6 +57,11 @@ class Subscription:
         try:
             await self.catch_up(0)  # what the engine cached before we joined, as far as its buffer goes
             while True:
+                if not await sub.poll(self.quiet * 1000):
+                    # Quiet: batches published while the SUB was still joining (or dropped at the
+                    # publisher's high-water mark) are not followed by a gap to notice, so ask.
+                    await self.catch_up(0 if self.last is None else self.last + 1)
+                    continue
                 frames = await sub.recv_multipart()
                 if len(frames) == 3 and len(frames[1]) == 8:
                     await self.on_live(int.from_bytes(frames[1], "big"), frames[2])

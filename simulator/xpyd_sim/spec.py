@@ -59,7 +59,13 @@ def _plans(deployment: DisaggregatedDeploymentSpec) -> dict[str, PoolPlan]:
         low = pool.autoscaling.min_replicas if pool.autoscaling else 1
         start = pool.replicas if pool.replicas is not None else max(low, 1)
         out[role] = PoolPlan(
-            role, start, max(1, pool.gpus_per_replica), pool.tp, pool.expert_parallel, max(1, pool.data_parallel_size)
+            role,
+            start,
+            max(1, pool.gpus_per_replica),
+            pool.tp,
+            pool.expert_parallel,
+            max(1, pool.data_parallel_size),
+            offload_bytes=pool.kv_offload.cpu_bytes if pool.kv_offload is not None else 0,
         )
     return out
 

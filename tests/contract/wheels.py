@@ -218,6 +218,12 @@ class Sources:
 
     def containing(self, paths: Iterable[str], *needles: str) -> list[str]:
         """The paths whose text contains one of the needles: a cheap filter before parsing."""
+        paths = list(paths)
+        missing = [p for p in paths if p not in self._text and p in self.paths]
+        if missing:  # one open of the wheel for them all, not one per file
+            with zipfile.ZipFile(self.wheel) as z:
+                for p in missing:
+                    self._text[p] = z.read(p).decode("utf-8", errors="replace")
         return [p for p in paths if any(n in self.text(p) for n in needles)]
 
     def under(self, *prefixes: str) -> list[str]:

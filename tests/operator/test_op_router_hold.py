@@ -35,3 +35,21 @@ def test_the_router_holds_requests_only_where_a_pool_may_be_at_zero(overrides: d
     if holds:
         assert cmd[cmd.index("--hold-seconds") + 1] == "300"
         assert cmd[cmd.index("--served-model") + 1] == spec(**overrides).model.name
+
+
+OFFLOADED = {"replicas": 2, "gpusPerReplica": 8, "kvOffload": {"cpuMemory": "256Gi"}}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        ({}, []),  # no CPU tier: the tiers scorer counts the GPU-held prefix only
+        ({"prefill": OFFLOADED}, ["--cpu-tier-gpu", "B200", "--cpu-tier-model", "meta-llama/Llama-3.1-70B-Instruct",
+                                  "--cpu-tier-tp", "8"]),
+        ({"prefill": OFFLOADED, "model": {"name": "someone/unknown-model"}}, []),  # the router could not price it
+    ],
+)  # fmt: skip
+def test_the_router_prices_reloads_from_a_first_hop_pools_cpu_tier(overrides: dict[str, Any], want: list[str]) -> None:
+    cmd = _command(**overrides)
+    got = cmd[cmd.index("--cpu-tier-gpu") : cmd.index("--cpu-tier-gpu") + 6] if "--cpu-tier-gpu" in cmd else []
+    assert got == want

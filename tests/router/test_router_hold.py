@@ -114,10 +114,15 @@ async def test_a_router_whose_pool_stays_at_zero_answers_503_with_retry_after(ro
             assert err["type"] == "service_unavailable" and "no worker became ready within 0.3s" in err["message"]
         async with s.get(r.url + "/v1/models") as resp:  # nothing listed it yet and no --served-model
             assert resp.status == 503
+        async with s.get(r.url + "/health") as resp:  # ready: it takes the requests that wake the pools
+            assert resp.status == 200 and (await resp.json())["status"] == "holding"
     assert r.sample("xpyd_router_hold_outcomes_total", outcome="timeout") == 1
 
 
 async def test_without_a_hold_no_worker_is_503_at_once(router: Any) -> None:
     r = await router([])
-    async with aiohttp.ClientSession() as s, s.post(r.url + "/v1/completions", json=BODY) as resp:
-        assert resp.status == 503 and "Retry-After" not in resp.headers
+    async with aiohttp.ClientSession() as s:
+        async with s.post(r.url + "/v1/completions", json=BODY) as resp:
+            assert resp.status == 503 and "Retry-After" not in resp.headers
+        async with s.get(r.url + "/health") as resp:
+            assert resp.status == 503

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
@@ -210,6 +211,33 @@ async def test_a_subscription_replays_what_came_before_it_then_follows_live() ->
         with pytest.raises(asyncio.CancelledError):
             await task
     finally:
+        publisher.shutdown()
+        ctx.destroy(linger=0)
+
+
+async def test_a_quiet_stream_asks_the_replay_socket_for_what_its_sub_missed() -> None:
+    publisher, _, replay = _publisher()
+    engine, index = _engine(), PrefixIndex()
+    ctx = zmq.asyncio.Context()
+    silent = _port()  # a SUB that never hears anything: every live batch is missed, as while joining
+    sub = Subscription(ctx, f"tcp://{HOST}:{silent}", replay, "kv-events", EngineView("w", index, 16),
+                       lambda: True, quiet=0.2)  # fmt: skip
+    task = asyncio.create_task(sub.run())
+    try:
+        await asyncio.sleep(0.1)  # joined: the replay buffer was empty
+        assert sub.last is None
+        _serve(engine, TEXT)
+        publisher.publish(engine.take_events())  # seq 0, and nothing after it to show a gap
+        await _until(lambda: sub.last == 0)
+        assert index.match(KEYS(TURN2)) == {"w": 8}
+        _serve(engine, TURN2)
+        publisher.publish(engine.take_events())  # seq 1: asked for from last + 1 on
+        await _until(lambda: sub.last == 1)
+        assert index.match(KEYS(TURN2)) == {"w": 13}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         publisher.shutdown()
         ctx.destroy(linger=0)
 

@@ -14,7 +14,15 @@ from xpyd_api.engines import EngineProfile, EngineUnsupported
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator.engine_ranks import Rank, Word
 
-__all__ = ["EngineProfile", "EngineUnsupported", "Renderer", "default_image", "profile_of", "renderer"]
+__all__ = [
+    "EngineProfile",
+    "EngineUnsupported",
+    "Renderer",
+    "default_image",
+    "kv_offload_bytes",
+    "profile_of",
+    "renderer",
+]
 
 
 class Renderer(Protocol):
@@ -56,6 +64,13 @@ class Renderer(Protocol):
 def profile_of(spec: DisaggregatedDeploymentSpec) -> EngineProfile:
     """The profile serving spec.engine; EngineUnsupported names a kind or release xpyd cannot serve."""
     return profiles.resolve(spec.engine.kind, spec.engine.image, spec.engine.version)
+
+
+def kv_offload_bytes(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec) -> int:
+    """Host memory one pod of `pool` takes for its kvOffload CPU tier (0: none rendered for this engine)."""
+    from xpyd_operator.engines import offload
+
+    return offload.pod_bytes(spec, role, pool, profile_of(spec))
 
 
 def default_image(kind: str) -> str:

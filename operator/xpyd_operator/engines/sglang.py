@@ -9,6 +9,7 @@ from xpyd_api.engines import EngineProfile
 from xpyd_api.layout import ReplicaLayout
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator.engine_ranks import LEADER_ADDRESS, WORKER_INDEX, Rank, Raw, Word
+from xpyd_operator.engines import offload as kv_offload
 
 # Wide expert parallel picks DeepEP's kernels by role: throughput for prefill, latency for decode.
 DEEPEP_MODE: Final = {"prefill": "normal", "decode": "low_latency"}
@@ -33,6 +34,8 @@ class SglangRenderer:
                 argv += ["--dp-size", dp, "--enable-dp-attention"]
         if pool.expert_parallel:
             argv += ["--ep-size", str(pool.tp * pool.data_parallel_size)]
+        if (offload := kv_offload.checked(pool, role, profile)) is not None:
+            argv += kv_offload.sglang_flags(pool, offload)
         if role == "worker":
             return [*argv, "--enable-mixed-chunk"]
         backend = "nixl" if spec.engine.kv_connector == "NixlConnector" else "mooncake"

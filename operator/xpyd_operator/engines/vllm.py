@@ -11,6 +11,7 @@ from xpyd_api.engines import EngineProfile
 from xpyd_api.layout import ReplicaLayout
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator.engine_ranks import LEADER_ADDRESS, WORKER_INDEX, Rank, Raw, Word
+from xpyd_operator.engines import offload as kv_offload
 
 # Wide expert parallelism (llm-d wide-ep-lws, Dynamo's GB200 recipe): DeepGEMM kernels, balanced dummy
 # batches on idle data-parallel ranks, no peer-to-peer probe at start.
@@ -36,14 +37,19 @@ def nixl_backends(spec: DisaggregatedDeploymentSpec) -> tuple[str, ...]:
     return fabrics.PROFILES[spec.network.profile].parts(1).nixl_backends
 
 
-def kv_transfer_config(spec: DisaggregatedDeploymentSpec, role: str, profile: EngineProfile) -> str:
-    """--kv-transfer-config: the connector, the pool's role in the handoff, then the user's extra keys."""
+def kv_transfer_config(
+    spec: DisaggregatedDeploymentSpec, role: str, profile: EngineProfile, pool: PoolSpec | None = None
+) -> str:
+    """--kv-transfer-config: the connector, the pool's role in the handoff, then the user's extra keys; with
+    the pool's kvOffload, a MultiConnector of that and the offloading connector."""
     config: dict[str, Any] = {"kv_connector": spec.engine.kv_connector, "kv_role": profile.kv_roles[role]}
     config.update(spec.engine.kv_transfer_config)
     if backends := nixl_backends(spec):
         extra = dict(config.get("kv_connector_extra_config") or {})
         extra.setdefault("backends", list(backends))
         config["kv_connector_extra_config"] = extra
+    if pool is not None and (offload := kv_offload.checked(pool, role, profile)) is not None:
+        config = kv_offload.multi_connector(config, kv_offload.vllm_connector(pool, offload))
     return json.dumps(config, separators=(",", ":"))
 
 
@@ -62,8 +68,9 @@ class VllmRenderer:
             if profile.all2all == "flag" and role in ALL2ALL:
                 argv += [ALL2ALL_FLAG, ALL2ALL[role]]
         if role == "worker":
-            return [*argv, "--enable-chunked-prefill"]
-        return [*argv, "--kv-transfer-config", kv_transfer_config(spec, role, profile)]
+            offload = kv_offload.checked(pool, role, profile)
+            return [*argv, "--enable-chunked-prefill", *(kv_offload.vllm_flags(pool, offload) if offload else [])]
+        return [*argv, "--kv-transfer-config", kv_transfer_config(spec, role, profile, pool)]
 
     def rank_flags(
         self, spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec, rank: Rank, profile: EngineProfile

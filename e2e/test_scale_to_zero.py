@@ -1,0 +1,119 @@
+"""Scale to zero and back, end to end: a deployment whose pools stand at zero keeps its model listed,
+the router holds the requests that arrive, the autoscaler reads the held count from the real
+Prometheus and starts the pools, and every held request is answered once they are up (none lost).
+
+Needs the cluster named by KUBECONFIG with a Prometheus that discovers annotated pods (the local
+harness starts one at http://127.0.0.1:9090; elsewhere set XPYD_PROMETHEUS_URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from xpyd_chart.helm import CHART
+from xpyd_chart.helm import run as helm
+
+from .kube import find_json as get_json
+from .kube import kubectl
+from .load_clients import pod_urls, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RELEASE = "xpyd-zero-e2e"
+NAME = "zero"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+PROMETHEUS = os.environ.get("XPYD_PROMETHEUS_URL", "http://127.0.0.1:9090")
+HELD = 6  # requests sent while both pools are at zero
+DD = """
+apiVersion: xpyd.io/v1alpha1
+kind: DisaggregatedDeployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  model: {{name: {model}}}
+  engine: {{kind: emulator}}
+  mode: Disaggregated
+  topology: {{kind: HGX-B200}}
+  prefill:
+    replicas: 0
+    gpusPerReplica: 1
+    autoscaling: {{minReplicas: 0, maxReplicas: 2}}
+  decode:
+    replicas: 0
+    gpusPerReplica: 1
+    autoscaling: {{minReplicas: 0, maxReplicas: 2}}
+  router: {{replicas: 1, policy: kv-aware}}
+  autoscaling:
+    enabled: true
+    prometheusUrl: {prometheus}
+    intervalSeconds: 5
+"""
+
+
+@pytest.fixture(scope="module")
+def namespace() -> Iterator[str]:
+    if not os.environ.get("KUBECONFIG"):
+        pytest.fail("KUBECONFIG must name the cluster for e2e tests")
+    ns = f"xpyd-zero-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    crd = get_json("crd", "disaggregateddeployments.xpyd.io")
+    owner = ((crd or {}).get("metadata", {}).get("annotations") or {}).get("meta.helm.sh/release-name")
+    crds = [] if crd is None or owner == RELEASE else ["--set", "crds.install=false"]
+    args = ["install", RELEASE, str(CHART), "-n", ns, "--set", f"operator.watchNamespace={ns}", *crds]
+    result = helm(*args, "--wait", "--timeout", "180s", timeout=300)
+    assert result.returncode == 0, f"helm install: {result.stderr}"
+    yield ns
+    kubectl("delete", "dd", NAME, "-n", ns, "--wait=false", check=False)
+    helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s")
+    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def replicas(ns: str, role: str) -> int:
+    sts = get_json("statefulset", f"{NAME}-{role}", "-n", ns) or {}
+    return int(sts.get("spec", {}).get("replicas", -1))
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, i: int) -> tuple[int, float]:
+    start = time.monotonic()
+    body = {"model": MODEL, "prompt": f"request {i}: tell me about the sea " * 20, "max_tokens": 8}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        await resp.read()
+        return resp.status, time.monotonic() - start
+
+
+@pytest.mark.timeout(900)
+async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace: str) -> None:
+    ns = namespace
+    kubectl("apply", "-f", "-", stdin=DD.format(name=NAME, ns=ns, model=MODEL, prometheus=PROMETHEUS))
+    await wait_until("both pools' StatefulSets at zero", lambda: replicas(ns, "prefill") == replicas(ns, "decode") == 0,
+                     120)  # fmt: skip
+    # The router is ready with no worker (it takes the requests that wake the pools) and lists the model.
+    router = (await wait_until("a ready router", lambda: pod_urls(ns, NAME, "router"), 180))[0]
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def listed() -> list[str]:
+            async with session.get(router + "/v1/models") as resp:
+                return [m["id"] for m in (await resp.json())["data"]] if resp.status == 200 else []
+
+        for _ in range(60):  # the router's readiness can lead the Service's view of it by a probe period
+            if await listed() == [MODEL]:
+                break
+            await asyncio.sleep(1)
+        assert await listed() == [MODEL]
+        t0 = time.monotonic()
+        answers = await asyncio.gather(*(_complete(session, router, i) for i in range(HELD)))
+        cold_start = time.monotonic() - t0
+        assert [status for status, _ in answers] == [200] * HELD, answers  # none lost, none refused
+        assert await listed() == [MODEL]  # and now from a worker
+    assert replicas(ns, "prefill") >= 1 and replicas(ns, "decode") >= 1
+    dd = get_json("dd", NAME, "-n", ns) or {}
+    auto = (dd.get("status") or {}).get("autoscaler") or {}
+    reasons = {role: (auto.get(role) or {}).get("reason") for role in ("prefill", "decode")}
+    print(f"cold start from zero: {cold_start:.1f} s for {HELD} held requests; autoscaler: {reasons}")
