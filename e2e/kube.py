@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
-from xpyd_chart.helm import kubectl_binary
+from xpyd_chart.helm import CHART, kubectl_binary
+from xpyd_chart.helm import run as helm
 
 T = TypeVar("T")
 
@@ -75,3 +80,26 @@ def ready_pod(namespace: str, name: str) -> dict[str, Any] | None:
     """The pod if it is Ready, else None: for wait_until."""
     pod: dict[str, Any] = get_json("pod", name, "-n", namespace)
     return pod if pod_ready(pod) else None
+
+
+@contextlib.contextmanager
+def chart_namespace(prefix: str, release: str, *deployments: str) -> Iterator[str]:
+    """A fresh namespace with the chart installed as `release`, its operator watching only it (the CRD left to an
+    earlier release that owns it); the named DisaggregatedDeployments, the release and the namespace go after."""
+    if not os.environ.get("KUBECONFIG"):
+        pytest.fail("KUBECONFIG must name the cluster for e2e tests")
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", ns)
+    crd = find_json("crd", "disaggregateddeployments.xpyd.io")
+    owner = ((crd or {}).get("metadata", {}).get("annotations") or {}).get("meta.helm.sh/release-name")
+    crds = [] if crd is None or owner == release else ["--set", "crds.install=false"]
+    args = ["install", release, str(CHART), "-n", ns, "--set", f"operator.watchNamespace={ns}", *crds]
+    result = helm(*args, "--wait", "--timeout", "180s", timeout=300)
+    assert result.returncode == 0, f"helm install: {result.stderr}"
+    try:
+        yield ns
+    finally:
+        for name in deployments:
+            kubectl("delete", "dd", name, "-n", ns, "--wait=false", check=False)
+        helm("uninstall", release, "-n", ns, "--wait", "--timeout", "120s")
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -10,21 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from xpyd_chart.helm import CHART
-from xpyd_chart.helm import run as helm
 from xpyd_load.runner import LoadConfig
 from xpyd_load.runner import run as run_load
 from xpyd_sim import trace
 
 from .dashboards_check import panel_failures
+from .kube import chart_namespace, kubectl
 from .kube import find_json as get_json
-from .kube import kubectl
 from .load_clients import Load, drive_until, pod_urls, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -65,20 +62,8 @@ def window_field_known() -> bool:
 
 @pytest.fixture(scope="module")
 def namespace() -> Iterator[str]:
-    if not os.environ.get("KUBECONFIG"):
-        pytest.fail("KUBECONFIG must name the cluster for e2e tests")
-    ns = f"xpyd-as-{uuid.uuid4().hex[:6]}"
-    kubectl("create", "namespace", ns)
-    crd = get_json("crd", "disaggregateddeployments.xpyd.io")
-    owner = ((crd or {}).get("metadata", {}).get("annotations") or {}).get("meta.helm.sh/release-name")
-    crds = [] if crd is None or owner == RELEASE else ["--set", "crds.install=false"]
-    args = ["install", RELEASE, str(CHART), "-n", ns, "--set", f"operator.watchNamespace={ns}", *crds]
-    result = helm(*args, "--wait", "--timeout", "180s", timeout=300)
-    assert result.returncode == 0, f"helm install: {result.stderr}"
-    yield ns
-    kubectl("delete", "dd", NAME, "-n", ns, "--wait=false", check=False)
-    helm("uninstall", RELEASE, "-n", ns, "--wait", "--timeout", "120s")
-    kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    with chart_namespace("xpyd-as", RELEASE, NAME) as ns:
+        yield ns
 
 
 def replicas(ns: str, role: str) -> int:
