@@ -83,10 +83,13 @@ async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace:
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def listed() -> list[str]:
-            async with session.get(router + "/v1/models") as resp:
-                return [m["id"] for m in (await resp.json())["data"]] if resp.status == 200 else []
+            try:
+                async with session.get(router + "/v1/models") as resp:
+                    return [m["id"] for m in (await resp.json())["data"]] if resp.status == 200 else []
+            except aiohttp.ClientConnectionError:
+                return []  # a Running pod whose router is not listening yet
 
-        for _ in range(60):  # the router's readiness can lead the Service's view of it by a probe period
+        for _ in range(60):  # Running leads listening, and readiness leads the Service's view by a probe period
             if await listed() == [MODEL]:
                 break
             await asyncio.sleep(1)
