@@ -144,7 +144,6 @@ def is_complete(target: Path) -> bool:
 
 
 def _fetch(ref: HubRef, options: HubOptions, target: Path) -> Fetched:
-    deadline = time.monotonic() + options.deadline_s
     endpoint = options.endpoint.rstrip("/")
     if urlsplit(endpoint).scheme not in ("http", "https") or not urlsplit(endpoint).hostname:
         raise HubError(f"HF_ENDPOINT must be an http(s) URL, got {endpoint!r}")
@@ -154,6 +153,9 @@ def _fetch(ref: HubRef, options: HubOptions, target: Path) -> Fetched:
     base = f"{endpoint}/{ref.repo}/resolve/{quote(ref.revision, safe='')}/"
     got: dict[str, bytes | None] = {}
     with httpx.Client(headers=headers, follow_redirects=True, max_redirects=5) as client:
+        # Timed from here: building the client (its TLS context) is local work that a busy machine slows,
+        # and the first request should still get the whole deadline. fetch's join bounds the total.
+        deadline = time.monotonic() + options.deadline_s
         for name in (REQUIRED, *OPTIONAL):  # the required file first: a gated repo fails at once
             got[name] = _get(client, base + name, name, name != REQUIRED, deadline, options)
     return _store(target, got)
