@@ -16,6 +16,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from xpyd_api.models import DisaggregatedDeploymentSpec
 from xpyd_operator import pools, routerkit
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.meta import Owner
 
 from .kube import is_local_cluster, kubectl
@@ -148,7 +149,7 @@ def _engine_pod(engine: dict[str, Any]) -> dict[str, Any]:
         {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "engine": engine, "prefill": pool, "decode": pool}
     )
     assert spec.decode is not None
-    return pools.pod_template(OWNER, spec, "decode", spec.decode, {}, None, False, IMAGE)
+    return pools.pod_template(PoolBuild(OWNER, spec, "decode", IMAGE))
 
 
 def _router_pod() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from xpyd_api import metric_names as names
 from xpyd_api.engines import VLLM_METRICS
 from xpyd_cluster import realvllm
 from xpyd_cluster.paths import default_layout
-from xpyd_operator.autoscaling_promql import selector
+from xpyd_operator.autoscaling.promql import selector
 
 from .kube import find_json, is_local_cluster, kubectl
 from .load_clients import pod_urls, wait_until

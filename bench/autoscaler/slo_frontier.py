@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from xpyd_api.models import SloSpec
-from xpyd_operator.autoscaling_policy import AUTOSCALERS
-from xpyd_operator.autoscaling_types import Policy
+from xpyd_operator.autoscaling.policy import AUTOSCALERS
+from xpyd_operator.autoscaling.types import Policy
 from xpyd_sim import trace as traces
 from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.metrics import Slo

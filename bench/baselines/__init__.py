@@ -10,8 +10,8 @@ from __future__ import annotations
 from bench.baselines.autoscalers import KedaPolicy, PlannerPolicy, SaturationPolicy
 from bench.baselines.routers import LlmDPolicy, SGLangCachePolicy
 
-from xpyd_operator.autoscaling_policy import AUTOSCALERS
-from xpyd_router.policies import POLICIES
+from xpyd_operator.autoscaling.policy import AUTOSCALERS
+from xpyd_router.policy.registry import POLICIES
 
 ROUTERS = {"llm-d": LlmDPolicy, "sglang": SGLangCachePolicy}
 SCALERS = {"keda": KedaPolicy, "saturation": SaturationPolicy, "planner": PlannerPolicy}

@@ -6,7 +6,7 @@
 - ``planner``: a Planner-style ``sla`` rule from Dynamo's published design: per-replica throughput
   interpolated from a profile at the TTFT/ITL targets, a load predictor, correction factors.
 
-The simulator looks policies up by name in ``xpyd_operator.autoscaling_policy.AUTOSCALERS``;
+The simulator looks policies up by name in ``xpyd_operator.autoscaling.policy.AUTOSCALERS``;
 ``bench.baselines.register()`` adds these.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from xpyd_operator.autoscaling_guards import health, is_fresh, window_max
-from xpyd_operator.autoscaling_slomodel import ReplicaPerf, trend
-from xpyd_operator.autoscaling_types import (
+from xpyd_operator.autoscaling.guards import health, is_fresh, window_max
+from xpyd_operator.autoscaling.slomodel import ReplicaPerf, trend
+from xpyd_operator.autoscaling.types import (
     PREFILL,
     Decision,
     PolicyInputs,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import Decision, RouteRequest, WorkerState
-from xpyd_router.policy_base import tie_break
-from xpyd_router.policy_simple import SameRulePolicy
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.base import tie_break
+from xpyd_router.policy.simple import SameRulePolicy
 
 
 class LlmDPolicy(SameRulePolicy):

@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from xpyd_router.hashing import rendezvous
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import Decision, RouteRequest, WorkerState
-from xpyd_router.policy_simple import SameRulePolicy
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.simple import SameRulePolicy
 
 CHARS_PER_BLOCK = 256  # the router's blocks: 64 tokens of 4 characters
 
@@ -121,6 +121,6 @@ PEERS: dict[str, type[SameRulePolicy]] = {
 
 def register() -> None:
     """Make the peers selectable by name in the router's registry (what the simulator looks up)."""
-    from xpyd_router.policies import POLICIES
+    from xpyd_router.policy.registry import POLICIES
 
     POLICIES.update(PEERS)

@@ -197,7 +197,7 @@ NOTES = {
     "rag-large": "the margin here is a tenth of a point either way on each draw. What separates the two"
     " is the load bound: sglang-router's rule never moves a document's prompts off its holder (TTFT p99"
     " 0.67 s against xpyd's 0.50 s), xpyd moves them once the holder has 3x the pool's mean in flight, 2x"
-    " while it took more than 1.2x the pool's mean of blocks lately (policy_kv.py). Without that 2x the"
+    " while it took more than 1.2x the pool's mean of blocks lately (policy/kv.py). Without that 2x the"
     " RAG rows gain a few hundredths of a point and 14 of 60 agent draws fall into cache thrash (1 with"
     " it, 5 with the 2x bound for every holder). Tried and dropped: the sticky bound at 2.5x or 1.6x, 3x"
     " on the uncached-work bound alone, a larger work slack, ties in rank order instead of the least"

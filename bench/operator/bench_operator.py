@@ -25,12 +25,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from e2e.operator_fixtures import DD, Kube, OperatorProcess, dd_manifest  # noqa: E402
 from lightkube import Client, KubeConfig  # noqa: E402
 from lightkube.resources.apps_v1 import Deployment, StatefulSet  # noqa: E402
 from lightkube.resources.core_v1 import Service, ServiceAccount  # noqa: E402
 from lightkube.resources.policy_v1 import PodDisruptionBudget  # noqa: E402
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding  # noqa: E402
+from testkit.kube_operator import DD, Kube, OperatorProcess, dd_manifest  # noqa: E402
 
 KINDS: list[Any] = [StatefulSet, Deployment, Service, ServiceAccount, PodDisruptionBudget, Role, RoleBinding]
 CHILDREN_PER_OBJECT = 11

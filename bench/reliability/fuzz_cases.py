@@ -6,8 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from bench.reliability.outcomes import CLEAN, HUNG, LOST, OK, Tally
 from bench.reliability.results import FUZZ_PASSED, NO_FAULT, Result, Scale
+from testkit.outcomes import CLEAN, HUNG, LOST, OK, Tally
 
 HERE = Path(__file__).resolve().parent
 

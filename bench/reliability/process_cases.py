@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.reliability.fuzz_cases import fuzz_emulator, fuzz_router
-from bench.reliability.outcomes import Tally
 from bench.reliability.repro_cases import LEAK_BLOCKS, kv_leak, ssrf
 from bench.reliability.results import (
     DRAINED,
@@ -37,6 +36,7 @@ from bench.reliability.results import (
 )
 from bench.reliability.stack import stack
 from bench.reliability.stubs import GarbageWorker, Listener, SilentWorker
+from testkit.outcomes import Tally
 
 # --- cases 1-3 and 8: a signal to one worker under load ------------------------------------------------
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from bench.reliability.outcomes import HUNG, LOST, OK, Tally, classify_body
 from bench.reliability.results import (
     LEAK_FREED,
     LEAK_HELD,
@@ -29,6 +28,7 @@ from bench.reliability.results import (
 from bench.reliability.stack import stack
 from bench.reliability.stubs import Listener
 from bench.router.procs import MODEL
+from testkit.outcomes import HUNG, LOST, OK, Tally, classify_body
 
 # --- case 6: SSRF through kv_transfer_params ------------------------------------------------------------
 

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from bench.reliability.outcomes import HUNG, LOST, Load, Tally, row, run_load
 from bench.reliability.stack import Stack
 from bench.router.procs import MODEL, Proc
+from testkit.outcomes import HUNG, LOST, Load, Tally, row, run_load
 
 NO_FAULT = float("inf")
 # Checks beyond lost == 0 and hung == 0, by the name a failure is reported under.

@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from the repository root
 
 from bench.reliability.bounded import run_bounded  # noqa: E402
-from bench.reliability.outcomes import HEADER  # noqa: E402
 from bench.reliability.process_cases import FULL, LEAK_BLOCKS, QUICK, Result, Scale, run_all  # noqa: E402
 from bench.reliability.stack import ROUTER_FLAGS  # noqa: E402
 from bench.router.procs import MODEL  # noqa: E402
+from testkit.outcomes import HEADER  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "reliability.md"
 PROCESS_BUDGET_S = {False: 480.0, True: 150.0}  # by --quick
@@ -81,7 +81,7 @@ send what they must not (protocol fields aimed at other hosts, KV they never rel
 10,000 mutated requests hit the router and the emulator. Every request is counted as *ok*, *failed
 cleanly* (an OpenAI-style error or an SSE error event: the client knows and can retry), *lost* (the
 connection dropped, a stream was cut without an error, a 200 that is no answer) or *hung* (no end within
-the client's own deadline of {scale.deadline_s:g} s). Lost and hung must be 0 (bench/reliability/outcomes.py).
+the client's own deadline of {scale.deadline_s:g} s). Lost and hung must be 0 (testkit/outcomes.py).
 
 ## Reproduce
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from xpyd_router.hashing import affinity_key, block_hashes
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import RouteRequest, WorkerState
-from xpyd_router.policies import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.registry import POLICIES, KvAwareConfig, KvAwarePolicy, make_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/ is not installed: import it from the root
 from bench.baselines import register

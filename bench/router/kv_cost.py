@@ -3,7 +3,7 @@
 `python bench/router/kv_cost.py` prints microseconds per operation: the router's request keys
 (byte blocks, the emulator's tokens, a Hugging Face BPE tokenizer trained here on the standard
 library's sources, so nothing is downloaded), a 10-turn chat's requests after the first tokenized
-through the segment cache (`xpyd_router.token_cache`) and whole, decoding and applying one
+through the segment cache (`xpyd_router.tokens.cache`) and whole, decoding and applying one
 BlockStored of 256 blocks and 256 BlockRemoved, and the emulator's own tokenizing and block hashing.
 """
 
@@ -22,13 +22,13 @@ import msgspec
 
 from xpyd_emulator.kv_publisher import KVEventBatch, to_wire
 from xpyd_emulator.tokens import block_hashes_text, token_ids
-from xpyd_router.block_keys import RequestKeys, token_block_keys
-from xpyd_router.chat_template import ChatTemplate
-from xpyd_router.engine_tokens import EmulatorTokenizer, HfTokenizer
-from xpyd_router.engine_view import EngineView
 from xpyd_router.hashing import block_hashes
-from xpyd_router.kv_wire import decode_batch
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.kv.block_keys import RequestKeys, token_block_keys
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.wire import decode_batch
+from xpyd_router.tokens.chat_template import ChatTemplate
+from xpyd_router.tokens.engine import EmulatorTokenizer, HfTokenizer
 
 WORDS = "the quick brown fox jumps over a lazy dog while routers count cached prefix blocks".split()  # noqa: SIM905
 PROMPT = " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(3000))[:16_384]  # 16k characters: 4k emulator tokens

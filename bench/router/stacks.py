@@ -22,7 +22,7 @@ CLIENTS = {
                     await r.read()
             return post, s.close
     """,
-    "xpyd_router.upstream (httptools)": """
+    "xpyd_router.http.upstream (httptools)": """
         async def make():
             u = Upstream()
             async def post():
@@ -45,7 +45,7 @@ CLIENTS = {
 
 CLIENT_MAIN = """
 import asyncio, sys, time, aiohttp, httpx, uvloop
-from xpyd_router.upstream import Upstream
+from xpyd_router.http.upstream import Upstream
 URL, BODY, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
 H = {"Content-Type": "application/json"}
 %s
@@ -64,10 +64,10 @@ with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
 """
 
 SERVERS = {
-    "xpyd_router.server (httptools)": """
+    "xpyd_router.http.server (httptools)": """
         import asyncio, uvloop
-        from xpyd_router.messages import Reply
-        from xpyd_router.server import Server
+        from xpyd_router.http.messages import Reply
+        from xpyd_router.http.server import Server
         async def h(request):
             await request.read()
             return Reply(200, PAYLOAD)
@@ -123,7 +123,7 @@ def run(logdir: Path, n: int = 3000) -> dict[str, Any]:
             proc = procs.spawn("stack-server", f"http://127.0.0.1:{port}", [str(BIN / "python"), "-c", src])
             wait_port(proc.url)
             before = cpu_seconds(proc.popen.pid)
-            _client("xpyd_router.upstream (httptools)", proc.url, n)
+            _client("xpyd_router.http.upstream (httptools)", proc.url, n)
             spent = cpu_seconds(proc.popen.pid) - before
             result["server_cpu_us"][name] = round(spent / (n * 1.25) * 1e6, 1)
             proc.stop()

@@ -292,20 +292,20 @@ REASON_CALLS: Final[dict[str, tuple[int, str | None]]] = {
     "InputError": (0, READY_REASON),  # desired.InputError: Ready=False
     "Placement": (3, TOPOLOGY),  # placement.Placement(selector, pins, satisfied, reason, ...)
     "PrometheusError": (0, HEALTH),
-    "Decision": (2, HEALTH),  # autoscaling_types.Decision(pools, healthy, health_reason, ...)
+    "Decision": (2, HEALTH),  # autoscaling.types.Decision(pools, healthy, health_reason, ...)
 }
 # Functions that hand a reason on as the first CamelCase string of a tuple they build: name -> type.
 REASON_TUPLES: Final[dict[str, str]] = {
     "_model_config": READY_REASON,  # reconcile: (reason, message) when spec.model.configMap is unreadable
-    "health": HEALTH,  # autoscaling_guards: (healthy, reason, message)
+    "health": HEALTH,  # autoscaling.guards: (healthy, reason, message)
 }
 
 
 # Places that pass on a reason made elsewhere, and where the scan finds those reasons. A new place fails
 # tests/repo/test_docs_reference.py until its source is in REASON_CALLS or REASON_TUPLES and it is here.
 RELAYS: Final[dict[str, str]] = {
-    "autoscaling_policy.decide: AutoscalerHealthy": "autoscaling_guards.health's tuples",
-    "autoscaling_spec.status_patch: AutoscalerHealthy": "PrometheusError and Decision calls",
+    "autoscaling.policy.decide: AutoscalerHealthy": "autoscaling.guards.health's tuples",
+    "autoscaling.spec.status_patch: AutoscalerHealthy": "PrometheusError and Decision calls",
     "statuscalc._placement_conditions: TopologySatisfied": "Placement calls",
 }
 
@@ -419,7 +419,8 @@ def condition_reasons(relays: list[str] | None = None) -> dict[str, list[str]]:
         for type_, reasons in scan_reasons(path.read_text(encoding="utf-8"), consts, here).items():
             found.setdefault(type_, set()).update(reasons)
         if relays is not None:
-            relays += [f"{path.stem}.{site}" for site in here]
+            module = ".".join(path.relative_to(OPERATOR).with_suffix("").parts)
+            relays += [f"{module}.{site}" for site in here]
     return {t: sorted(r) for t, r in found.items()}
 
 
@@ -498,7 +499,7 @@ def metrics() -> list[Metric]:
     from prometheus_client.metrics import MetricWrapperBase
 
     from xpyd_operator import opmetrics
-    from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
+    from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
     from xpyd_router.hold import ColdHold
     from xpyd_router.metrics import EventCounts, RouterMetrics
 

@@ -49,7 +49,7 @@ VAR_DEPLOYMENT: Final = "deployment"
 VAR_DATASOURCE: Final = "datasource"
 RATE_INTERVAL: Final = "$__rate_interval"
 
-# Scrape contract shared with the autoscaler (xpyd_operator.autoscaling_promql): worker and router
+# Scrape contract shared with the autoscaler (xpyd_operator.autoscaling.promql): worker and router
 # pods are scraped with `namespace` and `pod` target labels, and their pod labels xpyd.io/deployment
 # and xpyd.io/role relabelled to `xpyd_deployment` and `xpyd_role` (the chart's PodMonitor does it).
 POD_DEPLOYMENT: Final = names.POD_DEPLOYMENT

@@ -19,7 +19,7 @@ from xpyd_api import metric_names as names
 Kind = Literal["vllm", "sglang", "emulator"]
 KINDS: Final[tuple[Kind, ...]] = ("vllm", "sglang", "emulator")
 Handoff = Literal["nixl", "bootstrap"]  # vLLM's two hops over a KV connector; SGLang's paired bootstrap room
-ChatFlavour = Literal["vllm", "sglang"]  # how the engine renders a chat template (xpyd_router.chat_template)
+ChatFlavour = Literal["vllm", "sglang"]  # how the engine renders a chat template (xpyd_router.tokens.chat_template)
 Version = tuple[int, int, int]
 
 

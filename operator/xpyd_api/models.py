@@ -448,7 +448,7 @@ class RatioBand(_Model):
 class AutoscalingTargets(_Model):
     """Per-replica targets of the autoscaler's policy; omitted ones keep their defaults."""
 
-    # The policy's Targets (xpyd_operator.autoscaling_types) extends this model, so a field added here
+    # The policy's Targets (xpyd_operator.autoscaling.types) extends this model, so a field added here
     # is a field the policy has; defaults are applied when the spec is read, never stored.
 
     prefill_waiting_per_replica: float = Field(
@@ -521,6 +521,24 @@ class SloSpec(_Model):
         return v
 
 
+class RolloutSpec(_Model):
+    """How an engine change (a new engine revision: image, connector, block size, KV dtype, parallelism) rolls."""
+
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Replicas per pool started on the new engine revision before any old one goes, so both "
+        "revisions keep prefill/decode pairs; surge pods the scheduler cannot place are dropped and the roll "
+        "goes on in place. 0: in place from the start. StatefulSet pools; LeaderWorkerSet pools roll decode first.",
+    )
+    rollback: bool = Field(
+        default=True,
+        description="Roll a new engine revision back when one of its pods restarts 3 times, and do not try "
+        "it again until the spec asks for another revision.",
+    )
+
+
 class WorkloadSpec(_Model):
     prompt_tokens: int = Field(
         default=4096, ge=1, description="Typical prompt length, for the disaggregation break-even check."
@@ -550,6 +568,7 @@ class DisaggregatedDeploymentSpec(_Model):
     router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra={"default": {}})
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, json_schema_extra={"default": {}})
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, json_schema_extra={"default": {}})
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
     slo: SloSpec | None = Field(
         default=None,
         description="Latency targets; set (with autoscaling enabled), the autoscaler sizes the pools to meet them.",
@@ -629,6 +648,11 @@ class PoolStatus(_Model):
     )
     images: dict[str, int] | None = Field(
         default=None, description="Engine image -> ready pods serving it; two entries while an upgrade rolls."
+    )
+    revisions: dict[str, int] | None = Field(
+        default=None,
+        description="Engine revision (pod label xpyd.io/engine-rev) -> ready pods; a revision pairs where both "
+        "pools have one.",
     )
 
 

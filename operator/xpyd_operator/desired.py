@@ -10,9 +10,10 @@ from xpyd_api import handoff, podpatch
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_api.podmodels import NetworkSpec
-from xpyd_operator import engines, groups, netpolicy, podsecurity, pools, rollout, routerkit, sizing
-from xpyd_operator.autoscaling_spec import managed_pools
-from xpyd_operator.meta import Owner, stamp
+from xpyd_operator import engines, groups, lockstep, netpolicy, podsecurity, pools, rollout, routerkit, sizing
+from xpyd_operator.autoscaling.spec import managed_pools
+from xpyd_operator.build_context import PoolBuild
+from xpyd_operator.meta import Owner, child_name, stamp
 from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reservation, free_by_clique, place
 from xpyd_operator.placement import unschedulable_reason as _unschedulable
 
@@ -37,6 +38,7 @@ class Desired:
     placement: Placement | None
     children: list[dict[str, Any]]
     error: tuple[str, str] | None = None  # (reason, message) that keeps children untouched
+    rollout: lockstep.Plan | None = None  # an engine change's lockstep (StatefulSet pools), or None
 
 
 class InputError(Exception):
@@ -232,9 +234,8 @@ def build_children(
         layouts = spec.layouts()
         nodes = sum((p.replicas or 1) * layouts[role].pods for role, p in pool_specs.items())
         out.append(pools.compute_domain(owner, nodes))
-    for role, pool in pool_specs.items():
-        clique = placement.pins.get(role)
-        out.append(pools.workload(owner, spec, role, pool, placement.node_selector, clique, use_cd, own_image))
+    for role in pool_specs:
+        out.append(pools.workload(PoolBuild.placed(owner, spec, role, placement, use_cd, own_image)))
     if (router_budget := routerkit.disruption_budget(owner, spec)) is not None:
         out.append(router_budget)
     out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner, spec)]
@@ -269,7 +270,37 @@ def desire(
         return Desired(None, [], (exc.reason, exc.message))
     cd_crd = observed.compute_domain_crd
     children = build_children(owner, spec, placement, cd_crd, own_image, router_image, pull_secrets)
-    return Desired(placement, children)
+    children, roll = in_step(owner, spec, children, observed)
+    return Desired(placement, children, rollout=roll)
+
+
+def in_step(
+    owner: Owner, spec: DisaggregatedDeploymentSpec, children: list[dict[str, Any]], observed: Observed
+) -> tuple[list[dict[str, Any]], lockstep.Plan | None]:
+    """The children with an engine change's next lockstep applied to the pools' StatefulSets (xpyd_operator.lockstep).
+
+    Only when every pool is a StatefulSet; LeaderWorkerSet pools keep the decode-first hold (xpyd_operator.rollout).
+    """
+    roles = [r for r in spec.pools() if r in ("prefill", "decode")]
+    names = {child_name(owner, r): r for r in roles}
+    wanted = {
+        m["metadata"]["name"]: m for m in children if m["kind"] == "StatefulSet" and m["metadata"]["name"] in names
+    }
+    if len(roles) < 2 or len(wanted) < len(roles):
+        return children, None
+    views = []
+    for name, role in names.items():
+        pods = [p for p in observed.own_pods if ((p.get("metadata") or {}).get("labels") or {}).get(L.ROLE) == role]
+        views.append(lockstep.pool_view(role, wanted[name], observed.children.get(("StatefulSet", name)), pods))
+    owns = all(m["spec"].get("replicas") is not None for m in wanted.values())
+    roll = lockstep.plan(views, spec.rollout.max_surge, spec.rollout.rollback, owns)
+    if not roll.steps:
+        return children, roll
+    out = []
+    for m in children:
+        role = names.get(m["metadata"]["name"], "") if m["kind"] == "StatefulSet" else ""
+        out.append(stamp(lockstep.apply(m, roll.steps[role], owns)) if role in roll.steps else m)
+    return out, roll
 
 
 def needs_apply(want: dict[str, Any], have: dict[str, Any] | None) -> bool:

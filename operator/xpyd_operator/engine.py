@@ -9,6 +9,7 @@ from xpyd_api import labels as L
 from xpyd_api.engines import EngineProfile
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator import engine_ranks, engines
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.engine_ranks import Rank
 
 # The preStop drain: wait while the engine reports running requests (its own metric name, from the profile).
@@ -105,22 +106,15 @@ def resources(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> dict[str, An
     return out
 
 
-def container(
-    spec: DisaggregatedDeploymentSpec,
-    owner_name: str,
-    role: str,
-    pool: PoolSpec,
-    domain: str | None,
-    own_image: str,
-    rank: Rank | None = None,
-) -> dict[str, Any]:
+def container(b: PoolBuild, rank: Rank | None = None) -> dict[str, Any]:
     """The engine container; a multi-node replica's non-leader ranks serve no API: no ports, no probes."""
+    spec, role, pool = b.spec, b.role, b.pool
     if rank == "worker":
         return {
             "name": "engine",
-            "image": image_for(spec, own_image),
+            "image": image_for(spec, b.image),
             "command": command(spec, role, pool, rank),
-            "env": env(spec, owner_name, role, domain),
+            "env": env(spec, b.owner.name, role, b.clique),
             "resources": resources(spec, pool),
         }
     kind = engines.renderer(spec.engine.kind)
@@ -132,9 +126,9 @@ def container(
     drain = _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT, running=running)
     return {
         "name": "engine",
-        "image": image_for(spec, own_image),
+        "image": image_for(spec, b.image),
         "command": command(spec, role, pool, rank),
-        "env": env(spec, owner_name, role, domain),
+        "env": env(spec, b.owner.name, role, b.clique),
         "ports": ports,
         "resources": resources(spec, pool),
         "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from xpyd_api import labels as L
-from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.meta import Owner, child_name, metadata_for
 
 API_VERSION: Final = f"{L.LWS_GROUP}/{L.LWS_VERSION}"
@@ -35,20 +35,12 @@ def same_clique_as_leader(name: str) -> dict[str, Any]:
     return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
-def leaderworkerset(
-    owner: Owner,
-    spec: DisaggregatedDeploymentSpec,
-    role: str,
-    pool: PoolSpec,
-    leader: dict[str, Any],
-    worker: dict[str, Any],
-    clique: str | None,
-) -> dict[str, Any]:
+def leaderworkerset(b: PoolBuild, leader: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
     """LeaderWorkerSet <name>-<role>; replicas only when the spec sets them, else an external scaler owns them."""
-    name = child_name(owner, role)
-    topology = spec.topology.hardware
-    layout = pool.layout(topology)
-    if topology is not None and topology.nvlink_domain == "clique" and clique is None:
+    name = child_name(b.owner, b.role)
+    topology = b.spec.topology.hardware
+    layout = b.layout
+    if topology is not None and topology.nvlink_domain == "clique" and b.clique is None:
         worker["spec"]["affinity"] = {**(worker["spec"].get("affinity") or {}), **same_clique_as_leader(name)}
     body: dict[str, Any] = {
         "startupPolicy": "LeaderCreated",
@@ -64,9 +56,9 @@ def leaderworkerset(
             "workerTemplate": worker,
         },
     }
-    if pool.replicas is not None:
-        body["replicas"] = pool.replicas
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata_for(owner, name, role), "spec": body}
+    if b.pool.replicas is not None:
+        body["replicas"] = b.pool.replicas
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata_for(b.owner, name, b.role), "spec": body}
 
 
 def templates(workload: dict[str, Any]) -> list[dict[str, Any]]:

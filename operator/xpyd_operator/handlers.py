@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from xpyd_api import labels as L
-from xpyd_operator.autoscaler import Autoscalers
+from xpyd_operator.autoscaling.loop import Autoscalers
 from xpyd_operator.kube import Kube, make_client
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue

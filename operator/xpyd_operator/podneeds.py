@@ -18,6 +18,7 @@ from xpyd_api.fabrics import FabricParts
 from xpyd_api.models import HF_TOKEN, DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_api.quantity import bytes_quantity, quantity_bytes
 from xpyd_operator import engine, engines, podsecurity, sizing
+from xpyd_operator.build_context import PoolBuild
 
 SHM_VOLUME: Final = "dshm"  # the name pools.py gives the memory-backed /dev/shm
 CACHE_VOLUME: Final = "model-cache"
@@ -177,10 +178,9 @@ def _schedule(pod: dict[str, Any], spec: DisaggregatedDeploymentSpec) -> None:
         pod["serviceAccountName"] = spec.engine.service_account_name
 
 
-def dress(
-    template: dict[str, Any], spec: DisaggregatedDeploymentSpec, pool: PoolSpec, compute_domain: bool
-) -> dict[str, Any]:
+def dress(template: dict[str, Any], b: PoolBuild) -> dict[str, Any]:
     """The engine pod template with everything a real engine needs added (see the module docstring)."""
+    spec, pool = b.spec, b.pool
     pod = template["spec"]
     main = pod["containers"][0]
     parts = fabric(spec, pool)
@@ -190,8 +190,8 @@ def dress(
     if (cache := _cache(spec)) is not None:
         pod["volumes"] = [*(pod.get("volumes") or []), cache[0]]
         main["volumeMounts"] = [*(main.get("volumeMounts") or []), cache[1]]
-    role = template["metadata"]["labels"].get(L.ROLE, "")
-    _add_env(main, env_pairs(spec, pool, parts, compute_domain and "resourceClaims" in pod, role))
+    role = b.role
+    _add_env(main, env_pairs(spec, pool, parts, b.imex and "resourceClaims" in pod, role))
     _add_resources(main, parts.resources)
     _add_tier_memory(main, engines.kv_offload_bytes(spec, role, pool))
     _add_capabilities(main, parts.capabilities)

@@ -6,8 +6,8 @@ from typing import Any
 
 from xpyd_api import handoff
 from xpyd_api import labels as L
-from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_operator import engine, groups, podneeds, podsecurity, rollout, routerkit
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.engine_ranks import Rank
 from xpyd_operator.meta import Owner, child_name, labels_for, metadata_for, selector
 
@@ -27,22 +27,13 @@ def _affinity(clique: str | None) -> dict[str, Any] | None:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def pod_template(
-    owner: Owner,
-    spec: DisaggregatedDeploymentSpec,
-    role: str,
-    pool: PoolSpec,
-    node_selector: dict[str, str],
-    clique: str | None,
-    compute_domain: bool,
-    own_image: str,
-    rank: Rank | None = None,
-) -> dict[str, Any]:
+def pod_template(b: PoolBuild, rank: Rank | None = None) -> dict[str, Any]:
     """The pod template of a pool; `rank` picks the leader or worker template of a multi-node replica."""
-    pod_labels = labels_for(owner, role)
-    if clique is not None:
-        pod_labels[L.NVLINK_DOMAIN_LABEL] = clique
-    main = engine.container(spec, owner.name, role, pool, clique, own_image, rank)
+    spec, pool = b.spec, b.pool
+    pod_labels = labels_for(b.owner, b.role)
+    if b.clique is not None:
+        pod_labels[L.NVLINK_DOMAIN_LABEL] = b.clique
+    main = engine.container(b, rank)
     facts = handoff.pool_facts(spec, pool)
     pod_labels[L.ENGINE_REV] = rollout.engine_rev(main["image"], spec.engine.kv_connector, facts)
     main["securityContext"] = podsecurity.engine_container_context(spec, main["resources"].get("requests", {}))
@@ -58,80 +49,56 @@ def pod_template(
     else:  # NCCL and the engines' worker processes share tensors through /dev/shm (64 MiB by default)
         main["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
         pod["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
-    if node_selector:
-        pod["nodeSelector"] = dict(node_selector)
-    if (affinity := _affinity(clique)) is not None:
+    if b.node_selector:
+        pod["nodeSelector"] = dict(b.node_selector)
+    if (affinity := _affinity(b.clique)) is not None:
         pod["affinity"] = affinity
-    if compute_domain and clique is not None:  # every pod of a multi-node group holds the rack's IMEX channel
-        template = f"{compute_domain_name(owner)}-channel"
+    if b.imex:  # every pod of a multi-node group holds the rack's IMEX channel
+        template = f"{compute_domain_name(b.owner)}-channel"
         pod["resourceClaims"] = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": template}]
         main["resources"]["claims"] = [{"name": CHANNEL_CLAIM}]
     if pool.gpus_per_replica > 0:
         pod["tolerations"] = [dict(GPU_TOLERATION)]
     if rank == "worker":  # serves no API: nothing to scrape
-        bare = {"metadata": {"labels": pod_labels}, "spec": pod}
-        return podneeds.dress(bare, spec, pool, compute_domain and clique is not None)
+        return podneeds.dress({"metadata": {"labels": pod_labels}, "spec": pod}, b)
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(L.ENGINE_PORT),
         "prometheus.io/path": "/metrics",
     }
-    layout = pool.layout(spec.topology.hardware)
+    layout = b.layout
     if layout.dp > 1:  # the router reads every rank's KV events, and routes to each rank or lets the engine
         annotations[L.DATA_PARALLEL_SIZE] = str(layout.dp)
         annotations[L.DATA_PARALLEL_LOCAL] = str(layout.dp_local)
         annotations[L.DATA_PARALLEL_ROUTING] = "ranks" if routerkit.rank_routing(spec) else "engine"
-    out = {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
-    return podneeds.dress(out, spec, pool, compute_domain and clique is not None)
+    return podneeds.dress({"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}, b)
 
 
-def statefulset(
-    owner: Owner,
-    spec: DisaggregatedDeploymentSpec,
-    role: str,
-    pool: PoolSpec,
-    node_selector: dict[str, str],
-    clique: str | None,
-    compute_domain: bool,
-    own_image: str,
-) -> dict[str, Any]:
+def statefulset(b: PoolBuild) -> dict[str, Any]:
     """StatefulSet <name>-<role>; replicas only when the spec sets them, else an external scaler owns them."""
-    name = child_name(owner, role)
+    name = child_name(b.owner, b.role)
     body: dict[str, Any] = {
         "serviceName": name,
         "podManagementPolicy": "Parallel",
-        "selector": {"matchLabels": selector(owner, role)},
+        "selector": {"matchLabels": selector(b.owner, b.role)},
         "updateStrategy": {"type": "RollingUpdate"},
-        "template": pod_template(owner, spec, role, pool, node_selector, clique, compute_domain, own_image),
+        "template": pod_template(b),
     }
-    if pool.replicas is not None:
-        body["replicas"] = pool.replicas
+    if b.pool.replicas is not None:
+        body["replicas"] = b.pool.replicas
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": metadata_for(owner, name, role),
+        "metadata": metadata_for(b.owner, name, b.role),
         "spec": body,
     }
 
 
-def workload(
-    owner: Owner,
-    spec: DisaggregatedDeploymentSpec,
-    role: str,
-    pool: PoolSpec,
-    node_selector: dict[str, str],
-    clique: str | None,
-    compute_domain: bool,
-    own_image: str,
-) -> dict[str, Any]:
+def workload(b: PoolBuild) -> dict[str, Any]:
     """A pool's workload: a StatefulSet of one-pod replicas, or a LeaderWorkerSet of multi-node groups."""
-    if not pool.layout(spec.topology.hardware).multi_node:
-        return statefulset(owner, spec, role, pool, node_selector, clique, compute_domain, own_image)
-    leader, worker = (
-        pod_template(owner, spec, role, pool, node_selector, clique, compute_domain, own_image, rank)
-        for rank in ("leader", "worker")
-    )
-    return groups.leaderworkerset(owner, spec, role, pool, leader, worker, clique)
+    if not b.layout.multi_node:
+        return statefulset(b)
+    return groups.leaderworkerset(b, pod_template(b, "leader"), pod_template(b, "worker"))
 
 
 def headless_service(owner: Owner, role: str) -> dict[str, Any]:

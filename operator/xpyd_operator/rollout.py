@@ -1,11 +1,12 @@
-"""Engine upgrades in a safe order: decode rolls first, prefill waits, so no KV handoff crosses versions.
+"""Engine revisions, and the decode-first order of an engine change on LeaderWorkerSet pools.
 
 A prefill worker hands its KV cache to a decode worker, so the two ends must run engines that
 agree on the connector's wire format. The router only pairs workers of the same engine revision
-(the pod label `xpyd.io/engine-rev`); the operator keeps mixed pairs rare by rolling one pool at
-a time: while the decode StatefulSet is still replacing pods, a changed prefill template is held
-back (the old prefill keeps serving with the old decode pods), and is applied once every decode
-replica runs the new revision and is ready. Pure functions of the manifests; the reconciler calls them.
+(the pod label `xpyd.io/engine-rev`). StatefulSet pools step through an engine change together
+(xpyd_operator.lockstep). When a pool is a LeaderWorkerSet, the operator rolls one pool at a time:
+while the decode workload is still replacing pods, a changed prefill template is held back (the old
+prefill keeps serving with the old decode pods), and is applied once every decode replica runs the
+new revision and is ready. Pure functions of the manifests; the reconciler calls them.
 """
 
 from __future__ import annotations
@@ -54,25 +55,28 @@ def held_back(
     want_then, have_then = groups.by_name(desired, then), groups.by_name(observed, then)
     if want_then is None or have_then is None:
         return False  # a new pool has nothing to stay compatible with
-    new_rev = _template_rev(want_then)
-    if new_rev == _template_rev(have_then):
-        return False  # not an engine change (a resize or another edit): apply as usual
     want_first = groups.by_name(desired, first)
     if want_first is None:
         return False
+    if ("StatefulSet", then) in desired and ("StatefulSet", first) in desired:
+        return False  # both pools step together (xpyd_operator.lockstep)
+    new_rev = _template_rev(want_then)
+    if new_rev == _template_rev(have_then):
+        return False  # not an engine change (a resize or another edit): apply as usual
     return not rolled_out(groups.by_name(observed, first), _template_rev(want_first))
 
 
-def serving_revisions(pods: list[dict[str, Any]], role: str) -> dict[str, int]:
-    """Engine image -> ready pods of one pool: which versions serve right now."""
+def serving_revisions(pods: list[dict[str, Any]], role: str, by: str = "") -> dict[str, int]:
+    """Engine image (or the pod label `by`) -> ready pods of one pool: which versions serve right now."""
     out: dict[str, int] = {}
     for pod in pods:
-        if (pod.get("metadata", {}).get("labels") or {}).get(L.ROLE) != role:
+        labels = pod.get("metadata", {}).get("labels") or {}
+        if labels.get(L.ROLE) != role:
             continue
         conditions = pod.get("status", {}).get("conditions") or []
         if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
             continue
         containers = pod.get("spec", {}).get("containers") or [{}]
-        image = str(containers[0].get("image", "?"))
+        image = str(labels.get(by, "?") if by else containers[0].get("image", "?"))
         out[image] = out.get(image, 0) + 1
     return dict(sorted(out.items()))

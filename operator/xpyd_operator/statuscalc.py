@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from xpyd_api import conditions as C
+from xpyd_api import labels as L
 from xpyd_api.models import (
     Condition,
     DisaggregatedDeploymentSpec,
@@ -104,6 +105,7 @@ def compute(
     pools = {role: pool_status(observed, owner, role) for role in roles}
     for role, pool in pools.items():
         pool.images = rollout.serving_revisions(observed.own_pods, role) or None
+        pool.revisions = rollout.serving_revisions(observed.own_pods, role, by=L.ENGINE_REV) or None
     router = pool_status(observed, owner, "router", "Deployment")
     nodes = sorted({p.get("spec", {}).get("nodeName") for p in observed.own_pods} - {None, ""})
     conds: list[Condition] = []
@@ -122,7 +124,13 @@ def compute(
         wanted = {(m["kind"], m["metadata"]["name"]): m for m in desired.children}
         first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
         held_prefill = rollout.held_back(wanted, observed.children, first, then)
-        if held_prefill:
+        roll = desired.rollout
+        if roll is not None and roll.phase in ("rolling-back", "rolled-back"):
+            conds.append(C.make(C.PROGRESSING, roll.phase == "rolling-back", "EngineRevisionRolledBack", roll.message,
+                                generation))  # fmt: skip
+        elif roll is not None and roll.phase:
+            conds.append(C.make(C.PROGRESSING, True, "EngineUpgradeInStep", roll.message, generation))
+        elif held_prefill:
             msg = f"engine upgrade: decode rolls first, prefill waits (rolling out {', '.join(rolling) or 'decode'})"
             conds.append(C.make(C.PROGRESSING, True, "EngineUpgradeDecodeFirst", msg, generation))
         elif rolling:

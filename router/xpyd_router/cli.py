@@ -21,20 +21,20 @@ import uvloop
 from xpyd_api import engines
 from xpyd_api import labels as L
 from xpyd_perf import resolve_gpu, resolve_model
-from xpyd_router.access import API_KEY_ENV, load_api_keys
 from xpyd_router.app import Background, build_app
-from xpyd_router.block_keys import RequestKeys
-from xpyd_router.engine_tokens import is_hub_spec, load_hub_tokenizer, make_tokenizer
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
+from xpyd_router.http.access import API_KEY_ENV, load_api_keys
+from xpyd_router.http.server import Server
+from xpyd_router.http.tls import TlsFiles
+from xpyd_router.kv.block_keys import RequestKeys
+from xpyd_router.kv.tier_cost import ReloadCost
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.pairs import PairLimits
-from xpyd_router.policies import DEFAULT_SCORERS, POLICIES, SCORERS, KvAwareConfig, KvAwarePolicy, make_policy
+from xpyd_router.policy.registry import DEFAULT_SCORERS, POLICIES, SCORERS, KvAwareConfig, KvAwarePolicy, make_policy
+from xpyd_router.policy.scorers import format_weights, parse_weights
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg, rank_targets, replica_target
 from xpyd_router.proxy import ProxyConfig
-from xpyd_router.scorers import format_weights, parse_weights
-from xpyd_router.server import Server
-from xpyd_router.tier_cost import ReloadCost
-from xpyd_router.tls import TlsFiles
+from xpyd_router.tokens.engine import is_hub_spec, load_hub_tokenizer, make_tokenizer
 
 SHUTDOWN_TIMEOUT = 30.0  # seconds in-flight requests get to finish after SIGTERM
 MAX_TOKENIZER_THREADS = 64
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         template = read_chat_template(args.chat_template)
         hub = is_hub_spec(args.tokenizer)
         if hub:  # a malformed hf: spec is a command-line error; a failed fetch is not
-            from xpyd_router.hub_files import parse_spec
+            from xpyd_router.tokens.hub_files import parse_spec
 
             parse_spec(args.tokenizer)
         args.tokenizer_impl = None if hub else make_tokenizer(args.tokenizer, template, args.engine)

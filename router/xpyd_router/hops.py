@@ -11,15 +11,15 @@ from typing import Any
 import orjson
 
 from xpyd_router.handoff import Handoff, HopFailed
-from xpyd_router.messages import Answer, Reply, Request, Stream, error_reply
+from xpyd_router.http.messages import Answer, Reply, Request, Stream, error_reply
+from xpyd_router.http.protocol import JsonObj, sse_error
+from xpyd_router.http.replies import BadReply, SseFilter, json_reply
+from xpyd_router.http.upstream import Upstream, UpstreamError
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import Plan, RouteRequest
 from xpyd_router.pairs import Pairs, prompt_tokens
-from xpyd_router.policy_base import first_hop_blocks, prefill_blocks
+from xpyd_router.policy.base import first_hop_blocks, prefill_blocks
 from xpyd_router.pool import WorkerPool
-from xpyd_router.protocol import JsonObj, sse_error
-from xpyd_router.replies import BadReply, SseFilter, json_reply
-from xpyd_router.upstream import Upstream, UpstreamError
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 log = logging.getLogger("xpyd_router")

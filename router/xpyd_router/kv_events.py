@@ -7,7 +7,7 @@ its ROUTER) for the batches it missed: it sends ["", start_seq] and reads ["", s
 vLLM: ["", topic, seq, payload]) until seq -1. Workers are followed level-based from the pool every
 second; a worker whose engine publishes nothing stays modelled in the index. A worker that is a
 whole data-parallel replica (its engine picks the rank) names every rank's sockets: one subscription
-per rank, each rank's view counted into the worker's one entry in the index (replica_index.py).
+per rank, each rank's view counted into the worker's one entry in the index (kv/replica_index.py).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from xpyd_router.block_keys import MAX_BLOCK_SIZE
-from xpyd_router.engine_view import EngineView
-from xpyd_router.kv_wire import WireError, decode_batch
+from xpyd_router.kv.block_keys import MAX_BLOCK_SIZE
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.replica_index import RankIndex
+from xpyd_router.kv.wire import WireError, decode_batch
 from xpyd_router.pool import WorkerPool
-from xpyd_router.replica_index import RankIndex
 from xpyd_router.targets import split_endpoints, target_name
 
 log = logging.getLogger("xpyd_router.kv_events")

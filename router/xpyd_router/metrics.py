@@ -37,7 +37,7 @@ class _Flush:
 
 
 class EventCounts(Protocol):
-    """What one worker's KV event view counted (xpyd_router.engine_view.ViewStats)."""
+    """What one worker's KV event view counted (xpyd_router.kv.engine_view.ViewStats)."""
 
     batches: int
     stored: int

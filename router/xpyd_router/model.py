@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.kv.prefix_index import PrefixIndex
 
 Role = Literal["prefill", "decode", "worker"]
 KvPath = Literal["nvlink", "rdma", "none"]

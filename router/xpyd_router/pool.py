@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
-from xpyd_router.block_keys import RequestKeys
+from xpyd_router.kv.block_keys import RequestKeys
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import NoWorker, Plan, Policy, Role, RouteRequest, WorkerState
-from xpyd_router.policy_base import recipients, record
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.base import recipients, record
 from xpyd_router.scrape import WorkerMetrics
 from xpyd_router.targets import rank_endpoint, replica_endpoints, split_target, target_name
 

@@ -12,18 +12,18 @@ import aiohttp
 
 from xpyd_api import labels
 from xpyd_router import handoff
-from xpyd_router.access import TIMEOUT_HEADER, ApiKey, request_budget
 from xpyd_router.handoff import HopFailed
 from xpyd_router.hashing import affinity_key
 from xpyd_router.hold import ColdHold, HoldRefused
 from xpyd_router.hops import Exchange, Hops
-from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
+from xpyd_router.http.access import TIMEOUT_HEADER, ApiKey, request_budget
+from xpyd_router.http.messages import Answer, BodyError, Reply, Request, error_reply
+from xpyd_router.http.protocol import BadRequest, JsonObj, parse_body, sse_error
+from xpyd_router.http.upstream import Upstream
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import NoWorker, Plan, RouteRequest
 from xpyd_router.pairs import PairLimits, Pairs
 from xpyd_router.pool import WorkerPool
-from xpyd_router.protocol import BadRequest, JsonObj, parse_body, sse_error
-from xpyd_router.upstream import Upstream
 
 log = logging.getLogger("xpyd_router")
 # A prompt this long (characters) is tokenized on a thread, not on the event loop: with a real model's

@@ -22,11 +22,11 @@ import aiohttp
 import orjson
 
 from xpyd_router.handoff import Handoff, HopFailed
-from xpyd_router.messages import Answer, Reply
+from xpyd_router.http.messages import Answer, Reply
+from xpyd_router.http.replies import BadReply
+from xpyd_router.http.upstream import Upstream, UpstreamError
 from xpyd_router.pool import WorkerPool
-from xpyd_router.replies import BadReply
 from xpyd_router.targets import split_target
-from xpyd_router.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("xpyd_router")
 PATH = "/v1/completions"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Iterator
 
+from xpyd_router.kv.tier_cost import ReloadCost
 from xpyd_router.model import NoWorker
-from xpyd_router.tier_cost import ReloadCost
 from xpyd_sim.cluster import Cluster
 from xpyd_sim.config import SimConfig
 from xpyd_sim.metrics import Collector, Histogram

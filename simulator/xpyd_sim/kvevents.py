@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from xpyd_router.kv_wire import CPU, GPU
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.wire import CPU, GPU
 from xpyd_router.targets import target_name
 from xpyd_sim.cache import KvEvent
 from xpyd_sim.worker import Worker

@@ -7,12 +7,12 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from xpyd_router.hashing import AFFINITY_BLOCKS, affinity_key
+from xpyd_router.kv.tier_cost import ReloadCost
 from xpyd_router.model import RouterContext, RouteRequest
-from xpyd_router.policies import POLICIES, KvAwarePolicy, Policy, make_policy
-from xpyd_router.policy_base import first_hop_blocks
+from xpyd_router.policy.base import first_hop_blocks
+from xpyd_router.policy.registry import POLICIES, KvAwarePolicy, Policy, make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec, rank_targets
 from xpyd_router.targets import split_target, target_name
-from xpyd_router.tier_cost import ReloadCost
 from xpyd_sim.kvevents import EventBus, EventFedIndex, IndexMode
 from xpyd_sim.request import SimRequest
 from xpyd_sim.worker import Worker

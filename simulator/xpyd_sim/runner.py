@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from xpyd_api.models import PoolAutoscaling, PoolSpec
-from xpyd_operator.autoscaling_policy import AUTOSCALERS
-from xpyd_router.policies import POLICIES
+from xpyd_operator.autoscaling.policy import AUTOSCALERS
+from xpyd_router.policy.registry import POLICIES
 from xpyd_sim import trace as traces
 from xpyd_sim.engine import SimConfig, Simulation
 from xpyd_sim.report import build

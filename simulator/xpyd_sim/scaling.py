@@ -1,7 +1,7 @@
 """Feeds the operator's real autoscaling policies with what Prometheus would see of the simulated pools.
 
 The policy reads the deployment's typed spec through the operator's own translation
-(`xpyd_operator.autoscaling_spec.policy_inputs`), so every field of `spec.autoscaling` (targets,
+(`xpyd_operator.autoscaling.spec.policy_inputs`), so every field of `spec.autoscaling` (targets,
 ratio band, stabilization window, staleness) and each pool's bounds act here as in the operator.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from xpyd_api.models import SLO_PERCENTILES, AutoscalingTargets, DisaggregatedDeploymentSpec, SloSpec
-from xpyd_operator.autoscaling_policy import AUTOSCALERS, make_policy
-from xpyd_operator.autoscaling_spec import PoolRuntime, policy_inputs
-from xpyd_operator.autoscaling_types import PoolObservation, PoolState
+from xpyd_operator.autoscaling.policy import AUTOSCALERS, make_policy
+from xpyd_operator.autoscaling.spec import PoolRuntime, policy_inputs
+from xpyd_operator.autoscaling.types import PoolObservation, PoolState
 from xpyd_sim.cluster import Cluster
 from xpyd_sim.metrics import Histogram, Slo
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from xpyd_router.tier_cost import HOST_LINK_EFFICIENCY
+from xpyd_router.kv.tier_cost import HOST_LINK_EFFICIENCY
 from xpyd_sim.cache import CpuTier, PrefixCache
 from xpyd_sim.metrics import Histogram
 from xpyd_sim.ports import Perf

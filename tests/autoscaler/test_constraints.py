@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from xpyd_api.models import RatioBand
-from xpyd_operator.autoscaling_guards import apply_gpu_ceiling, apply_ratio_band
-from xpyd_operator.autoscaling_policy import XpydPolicy
-from xpyd_operator.autoscaling_types import PolicyInputs, PoolBounds, PoolDecision, PoolObservation
+from xpyd_operator.autoscaling.guards import apply_gpu_ceiling, apply_ratio_band
+from xpyd_operator.autoscaling.policy import XpydPolicy
+from xpyd_operator.autoscaling.types import PolicyInputs, PoolBounds, PoolDecision, PoolObservation
 
 NOW = 5_000.0
 BOUNDS = {"prefill": PoolBounds(1, 8, gpus_per_replica=4), "decode": PoolBounds(1, 16, gpus_per_replica=4)}

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from xpyd_api import engines
-from xpyd_operator.autoscaling_promql import pool_queries
+from xpyd_operator.autoscaling.promql import pool_queries
 
 _ENGINE_NAME = re.compile(r"\b((?:vllm|sglang):[a-z_:]+)")
 

@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus, RatioBand
-from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
-from xpyd_operator.autoscaling_spec import (
+from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
+from xpyd_operator.autoscaling.spec import (
     AutoscaleResult,
     PoolRuntime,
     evaluate,
@@ -17,7 +17,7 @@ from xpyd_operator.autoscaling_spec import (
     policy_inputs,
     pool_runtime,
 )
-from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
+from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 
 NOW = 1_800_000_000.0
 

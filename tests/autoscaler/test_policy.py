@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from xpyd_api.models import AutoscalingTargets
-from xpyd_operator.autoscaling_policy import XpydPolicy, recommend
-from xpyd_operator.autoscaling_types import (
+from xpyd_operator.autoscaling.policy import XpydPolicy, recommend
+from xpyd_operator.autoscaling.types import (
     Behavior,
     PolicyInputs,
     PoolBounds,

@@ -8,9 +8,9 @@ import httpx
 import pytest
 import yaml
 
-from xpyd_operator.autoscaling_prometheus import PrometheusClient
-from xpyd_operator.autoscaling_promql import SCRAPE_CONFIG, held_query, pool_queries, selector
-from xpyd_operator.autoscaling_types import PrometheusError
+from xpyd_operator.autoscaling.prometheus import PrometheusClient
+from xpyd_operator.autoscaling.promql import SCRAPE_CONFIG, held_query, pool_queries, selector
+from xpyd_operator.autoscaling.types import PrometheusError
 
 URL = "http://127.0.0.1:9"
 

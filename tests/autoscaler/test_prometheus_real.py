@@ -15,8 +15,8 @@ import yaml
 from aiohttp import web
 
 from xpyd_chart.helm import find_binary
-from xpyd_operator.autoscaling_prometheus import PrometheusClient
-from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
+from xpyd_operator.autoscaling.prometheus import PrometheusClient
+from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 
 pytestmark = pytest.mark.slow
 PROMETHEUS = find_binary("prometheus")  # the local cluster's build (`make tools`), else one on PATH

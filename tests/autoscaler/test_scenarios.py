@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from xpyd_operator.autoscaling_policy import AUTOSCALERS, StaticPolicy, XpydPolicy, make_policy
-from xpyd_operator.autoscaling_types import (
+from xpyd_operator.autoscaling.policy import AUTOSCALERS, StaticPolicy, XpydPolicy, make_policy
+from xpyd_operator.autoscaling.types import (
     PolicyInputs,
     PoolBounds,
     PoolObservation,

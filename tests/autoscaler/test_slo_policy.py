@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus, SloSpec
-from xpyd_operator.autoscaling_policy import make_policy
-from xpyd_operator.autoscaling_slo import (
+from xpyd_operator.autoscaling.policy import make_policy
+from xpyd_operator.autoscaling.slo import (
     SloPolicy,
     ahead,
     measure_ready,
@@ -18,7 +18,7 @@ from xpyd_operator.autoscaling_slo import (
     size_decode,
     size_prefill,
 )
-from xpyd_operator.autoscaling_slomodel import (
+from xpyd_operator.autoscaling.slomodel import (
     CORRECTION_BOUNDS,
     ReplicaPerf,
     corrected,
@@ -27,8 +27,8 @@ from xpyd_operator.autoscaling_slomodel import (
     waiting_quantile,
     within_probability,
 )
-from xpyd_operator.autoscaling_spec import PoolRuntime, evaluate, policy_for, policy_inputs
-from xpyd_operator.autoscaling_types import (
+from xpyd_operator.autoscaling.spec import PoolRuntime, evaluate, policy_for, policy_inputs
+from xpyd_operator.autoscaling.types import (
     PolicyInputs,
     PoolBounds,
     PoolObservation,
@@ -277,7 +277,7 @@ def test_replica_perf_prices_from_the_catalog() -> None:
 def test_operator_metrics_show_the_learning() -> None:
     from prometheus_client import CollectorRegistry
 
-    from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
+    from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
 
     registry = CollectorRegistry()
     m = AutoscalerMetrics(registry)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from xpyd_operator.autoscaling_promql import held_query
-from xpyd_operator.autoscaling_spec import wake
-from xpyd_operator.autoscaling_types import Decision, PolicyInputs, PoolBounds, PoolDecision, PoolObservation
+from xpyd_operator.autoscaling.promql import held_query
+from xpyd_operator.autoscaling.spec import wake
+from xpyd_operator.autoscaling.types import Decision, PolicyInputs, PoolBounds, PoolDecision, PoolObservation
 
 
 def _decide(desired: dict[str, int], held: float | None, max_replicas: int = 4) -> dict[str, tuple[int, str]]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from bench.baselines import ROUTERS, SCALERS, KedaPolicy, LlmDPolicy, SGLangCachePolicy, register
 
-from xpyd_operator.autoscaling_policy import AUTOSCALERS
-from xpyd_operator.autoscaling_types import PolicyInputs, PoolBounds, PoolObservation, PoolState
+from xpyd_operator.autoscaling.policy import AUTOSCALERS
+from xpyd_operator.autoscaling.types import PolicyInputs, PoolBounds, PoolObservation, PoolState
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import RouteRequest, WorkerState
-from xpyd_router.policies import POLICIES
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.registry import POLICIES
 
 BLOCKS = list(range(100, 140))  # a 40-block prompt
 BOUNDS = {"prefill": PoolBounds(1, 10)}

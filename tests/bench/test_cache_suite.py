@@ -7,9 +7,9 @@ from bench.cache import report, suite
 from bench.cache import workloads as wl
 from bench.cache.peers import PEERS, TreeCachePolicy, VllmKvAwarePolicy, register
 
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.model import RouteRequest, WorkerState
-from xpyd_router.policies import POLICIES
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.policy.registry import POLICIES
 from xpyd_sim.trace import TraceRequest
 
 BLOCKS = list(range(100, 140))  # a 40-block prompt
@@ -93,11 +93,11 @@ def test_vllm_kv_aware_follows_events_and_its_own_guesses_for_two_seconds() -> N
 
 
 def test_peers_register_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("xpyd_router.policies.POLICIES", dict(POLICIES))
+    monkeypatch.setattr("xpyd_router.policy.registry.POLICIES", dict(POLICIES))
     register()
-    from xpyd_router import policies
+    from xpyd_router.policy import registry
 
-    assert set(PEERS) <= set(policies.POLICIES)
+    assert set(PEERS) <= set(registry.POLICIES)
     assert not set(PEERS) & set(POLICIES)  # the product's registry knows none of them
 
 

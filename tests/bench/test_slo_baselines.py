@@ -8,7 +8,7 @@ import pytest
 from bench.baselines.autoscalers import PlannerPolicy, SaturationPolicy, profile
 
 from xpyd_api.models import SloSpec
-from xpyd_operator.autoscaling_types import PolicyInputs, PoolBounds, PoolObservation, PoolState
+from xpyd_operator.autoscaling.types import PolicyInputs, PoolBounds, PoolObservation, PoolState
 
 NOW = 1_000.0
 BOUNDS = {"prefill": PoolBounds(1, 16), "decode": PoolBounds(1, 16)}

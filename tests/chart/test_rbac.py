@@ -16,7 +16,7 @@ Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 READ = ("get", "list", "watch")
 OWN = (*READ, "create", "patch", "delete")  # server-side apply creates on first apply
 
-# What operator/xpyd_operator touches (kube.py, autoscaler.py, handlers.py), per scope. Namespaced:
+# What operator/xpyd_operator touches (kube.py, autoscaling/loop.py, handlers.py), per scope. Namespaced:
 # its CR (+status), the children it server-side-applies, pods/endpointslices it reads (and grants
 # the router), the Events it posts. Kopf runs standalone with event handlers only: no peering
 # objects, no finalizers or annotations on the CR.

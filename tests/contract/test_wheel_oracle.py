@@ -21,7 +21,7 @@ from contract.wheels import (  # type: ignore[import-not-found]  # tests/ is on 
 from xpyd_api import engines
 from xpyd_emulator.kv_publisher import KVEventBatch as EmulatorBatch
 from xpyd_emulator.kv_publisher import to_wire
-from xpyd_router.kv_wire import Cleared, Removed, Stored, decode_batch
+from xpyd_router.kv.wire import Cleared, Removed, Stored, decode_batch
 
 pytestmark = pytest.mark.engine_wheels
 

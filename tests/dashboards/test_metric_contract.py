@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from xpyd_api import metric_names as names
 from xpyd_dashboards import all_queries
-from xpyd_operator.autoscaling_metrics import AutoscalerMetrics
-from xpyd_operator.autoscaling_promql import pool_queries
+from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
+from xpyd_operator.autoscaling.promql import pool_queries
 from xpyd_router import scrape
 from xpyd_router.metrics import RouterMetrics
 

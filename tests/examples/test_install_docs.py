@@ -15,6 +15,7 @@ from xpyd_api import labels as L
 from xpyd_api.crdgen import render
 from xpyd_api.models import DisaggregatedDeployment, DisaggregatedDeploymentSpec
 from xpyd_operator import pools
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.meta import Owner
 from xpyd_perf.topology import TOPOLOGIES
 
@@ -134,7 +135,7 @@ def _startup_budget(spec: dict[str, Any]) -> tuple[int, int]:
     """The startup probe the operator builds (sized from the model's weights) for a spec's decode pods."""
     s = DisaggregatedDeploymentSpec.model_validate(spec)
     assert s.decode is not None
-    template = pools.pod_template(Owner("x", "ns", "uid"), s, "decode", s.decode, {}, None, False, "img")
+    template = pools.pod_template(PoolBuild(Owner("x", "ns", "uid"), s, "decode", "img"))
     probe = template["spec"]["containers"][0]["startupProbe"]
     return int(probe["periodSeconds"]), int(probe["failureThreshold"])
 

@@ -65,6 +65,8 @@ class FakeKube:
         self.lws_crd = False
         self.config_maps: dict[str, dict[str, str]] = {}  # name -> data, in the deployment's namespace
         self.forbidden_config_maps = False  # RBAC without get on configmaps
+        self.simulate_pods = False  # settle() plays the StatefulSet controller's pods too (partitions honoured)
+        self.pods: dict[str, dict[str, Any]] = {}  # name -> pod, when simulate_pods
 
     async def get_dd(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.dd)
@@ -78,7 +80,11 @@ class FakeKube:
     async def observe(self, owner: Owner, topology: Topology | None) -> Observed:
         children = copy.deepcopy(self.objects)
         return Observed(
-            nodes=list(self.nodes), children=children, compute_domain_crd=self.compute_domain_crd, lws_crd=self.lws_crd
+            nodes=list(self.nodes),
+            children=children,
+            own_pods=copy.deepcopy(list(self.pods.values())),
+            compute_domain_crd=self.compute_domain_crd,
+            lws_crd=self.lws_crd,
         )
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +110,15 @@ class FakeKube:
     async def event(self, owner: Owner, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
 
-    def settle(self) -> None:
-        """Play the controllers: every StatefulSet, LeaderWorkerSet and Deployment rolled out and ready."""
+    def settle(self, ready: bool = True) -> None:
+        """Play the controllers: every StatefulSet, LeaderWorkerSet and Deployment rolled out and ready.
+
+        With `simulate_pods`, each StatefulSet's pods too, as its controller keeps them: ordinals below
+        the replicas, those at or above the partition on the template's engine revision, the rest as they
+        were. `ready=False`: the pods this call makes or replaces are not ready yet, the others unchanged.
+        """
+        if self.simulate_pods:
+            self._play_statefulset_pods(ready)
         for (kind, _), obj in self.objects.items():
             if kind == "LeaderWorkerSet":
                 n = obj["spec"].get("replicas", 1)
@@ -122,3 +135,43 @@ class FakeKube:
                     "currentRevision": "r1",
                     "updateRevision": "r1",
                 }
+
+    def _play_statefulset_pods(self, ready: bool) -> None:
+        for (kind, name), obj in self.objects.items():
+            if kind != "StatefulSet":
+                continue
+            spec = obj["spec"]
+            template = spec["template"]
+            labels = dict(template["metadata"]["labels"])
+            rev = labels.get(L.ENGINE_REV, "")
+            partition = int(((spec.get("updateStrategy") or {}).get("rollingUpdate") or {}).get("partition") or 0)
+            replicas = int(spec.get("replicas", 1))
+            for pod in [p for p in self.pods if p.startswith(f"{name}-") and int(p.rsplit("-", 1)[1]) >= replicas]:
+                del self.pods[pod]
+            for i in range(replicas):
+                pod_name = f"{name}-{i}"
+                have = self.pods.get(pod_name)
+                if have is not None and (i < partition or have["metadata"]["labels"].get(L.ENGINE_REV) == rev):
+                    if ready:  # kept (below the partition, or on the template's revision): settled means ready
+                        have["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+                    continue
+                conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+                self.pods[pod_name] = {
+                    "metadata": {"name": pod_name, "labels": labels},
+                    "spec": copy.deepcopy(template["spec"]),
+                    "status": {"conditions": conditions, "containerStatuses": [{"name": "engine", "restartCount": 0}]},
+                }
+
+    def set_pod(self, name: str, ready: bool | None = None, restarts: int | None = None,
+                unschedulable: bool = False) -> None:  # fmt: skip
+        """Change one simulated pod's readiness, restart count or scheduling."""
+        status = self.pods[name]["status"]
+        if ready is not None:
+            status["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+        if restarts is not None:
+            status["containerStatuses"][0]["restartCount"] = restarts
+        if unschedulable:
+            status["conditions"] = [
+                {"type": "Ready", "status": "False"},
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"},
+            ]

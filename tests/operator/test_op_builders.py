@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from xpyd_api import labels as L
 from xpyd_operator import engine, pools, routerkit
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.desired import build_children
 from xpyd_operator.meta import manifest_hash, stamp
 from xpyd_operator.placement import Demand, place
@@ -155,7 +156,7 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 def test_engine_env(topology: str, clique: str | None, domain: Any) -> None:
     s = spec(topology={"kind": topology}, engine={"env": [{"name": "HF_TOKEN", "value": "x"}]})
     assert s.prefill is not None
-    env = _env(engine.container(s, "llama", "prefill", s.prefill, clique, IMG))
+    env = _env(engine.container(PoolBuild(OWNER, s, "prefill", IMG, clique=clique)))
     assert env[L.ENV_NIXL_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env[L.ENV_NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env.get(L.ENV_NVLINK_DOMAIN) == domain
@@ -166,7 +167,7 @@ def test_engine_env(topology: str, clique: str | None, domain: Any) -> None:
 def test_engine_container_probes_gpus_and_drain() -> None:
     s = spec(engine={"drainSeconds": 300, "resources": {"memory": "200Gi"}})
     assert s.decode is not None
-    c = engine.container(s, "llama", "decode", s.decode, None, IMG)
+    c = engine.container(PoolBuild(OWNER, s, "decode", IMG))
     assert c["resources"] == {
         "requests": {"memory": "200Gi", L.GPU_RESOURCE: "8"},
         "limits": {L.GPU_RESOURCE: "8"},
@@ -190,7 +191,7 @@ def test_statefulset(replicas: int | None, clique: str | None, cd: bool) -> None
     s = spec(topology={"kind": "GB200-NVL72"}, prefill=prefill, decode={"replicas": 1, "gpusPerReplica": 4})
     assert s.prefill is not None
     sel = {L.GPU_PRODUCT: "NVIDIA-GB200"}  # as GPU Feature Discovery labels a GB200 tray
-    sts = pools.statefulset(OWNER, s, "prefill", s.prefill, sel, clique, cd, IMG)
+    sts = pools.statefulset(PoolBuild(OWNER, s, "prefill", IMG, sel, clique, cd))
     body, pod = sts["spec"], sts["spec"]["template"]["spec"]
     assert sts["metadata"]["name"] == "llama-prefill"
     assert body["serviceName"] == "llama-prefill"

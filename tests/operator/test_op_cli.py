@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from xpyd_operator import cli
-from xpyd_operator.autoscaler import Autoscalers
+from xpyd_operator.autoscaling.loop import Autoscalers
 
 
 @pytest.mark.parametrize(

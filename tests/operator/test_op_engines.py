@@ -8,6 +8,7 @@ from fakekube import OWNER, b200_nodes, spec  # type: ignore[import-not-found]
 from xpyd_api import engines
 from xpyd_api.engines import EngineUnsupported
 from xpyd_operator import engine
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.desired import Observed, desire
 
 IMG = "ghcr.io/xpyd/xpyd:test"
@@ -94,7 +95,7 @@ def test_an_unservable_engine_is_a_condition_and_applies_nothing() -> None:
 )
 def test_the_drain_hook_counts_the_engines_own_running_metric(kind: str, running: str) -> None:
     s = spec(engine={"kind": kind})
-    hook = engine.container(s, "llama", "decode", s.decode, None, IMG)["lifecycle"]["preStop"]["exec"]["command"]
+    hook = engine.container(PoolBuild(OWNER, s, "decode", IMG))["lifecycle"]["preStop"]["exec"]["command"]
     assert f"grep -E '^{running}'" in hook[2]
 
 

@@ -12,7 +12,7 @@ from xpyd_api import conditions as C
 from xpyd_api import labels as L
 from xpyd_api.layout import replica_layout
 from xpyd_operator import engine_ranks, groups
-from xpyd_operator.autoscaling_spec import pool_runtime
+from xpyd_operator.autoscaling.spec import pool_runtime
 from xpyd_operator.desired import Observed, desire
 from xpyd_operator.engines import vllm as vllm_engine
 from xpyd_operator.placement import Demand, unschedulable_reason

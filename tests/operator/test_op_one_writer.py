@@ -9,8 +9,8 @@ import pytest
 from fakekube import OWNER, FakeKube, b200_nodes  # type: ignore[import-not-found]
 
 from xpyd_api.engines import MetricNames
-from xpyd_operator.autoscaler import FIELD_MANAGER, autoscale
-from xpyd_operator.autoscaling_types import PoolMetrics, PrometheusError
+from xpyd_operator.autoscaling.loop import FIELD_MANAGER, autoscale
+from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 from xpyd_operator.kube import DD
 from xpyd_operator.reconcile import Config, Reconciler
 

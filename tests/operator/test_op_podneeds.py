@@ -11,6 +11,7 @@ from fakekube import CLIQUE_A, OWNER, spec  # type: ignore[import-not-found]
 from xpyd_api import labels as L
 from xpyd_api.podmodels import NetworkSpec
 from xpyd_operator import podneeds, pools, sizing
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.desired import with_defaults
 
 IMG = "ghcr.io/xpyd/xpyd:test"
@@ -18,7 +19,7 @@ TOKEN = {"name": "hf-token", "key": "token"}
 
 
 def _pod(s: Any, role: str = "decode", clique: str | None = None, cd: bool = False) -> dict[str, Any]:
-    return dict(pools.pod_template(OWNER, s, role, s.pools()[role], {}, clique, cd, IMG))
+    return dict(pools.pod_template(PoolBuild(OWNER, s, role, IMG, clique=clique, compute_domain=cd)))
 
 
 def _main(template: dict[str, Any]) -> dict[str, Any]:
@@ -217,7 +218,7 @@ def test_users_scheduling_is_added_to_the_operators() -> None:
     )
     assert s.decode is not None
     selector = {L.GPU_PRODUCT: "NVIDIA-GB200"}
-    pod = pools.pod_template(OWNER, s, "decode", s.decode, selector, CLIQUE_A, False, IMG)["spec"]
+    pod = pools.pod_template(PoolBuild(OWNER, s, "decode", IMG, selector, CLIQUE_A))["spec"]
     assert pod["nodeSelector"] == {"team": "llm", L.GPU_PRODUCT: "NVIDIA-GB200"}  # the topology's pin wins
     assert [t["key"] for t in pod["tolerations"]] == [L.GPU_RESOURCE, L.ARCH, "dedicated"]
     (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

@@ -10,6 +10,7 @@ from pss import level, restricted_violations  # type: ignore[import-not-found]
 
 from xpyd_api import labels as L
 from xpyd_operator import engine, podneeds, podsecurity, pools, routerkit
+from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.desired import build_children
 from xpyd_operator.placement import Demand, place
 from xpyd_operator.reconcile import Config, Reconciler
@@ -50,8 +51,7 @@ def test_the_pss_judge_itself(pod: dict[str, Any], want: str) -> None:
 
 
 def _pod(s: Any, role: str = "decode") -> dict[str, Any]:
-    pool = s.pools()[role]
-    return dict(pools.pod_template(OWNER, s, role, pool, {}, None, False, IMG)["spec"])
+    return dict(pools.pod_template(PoolBuild(OWNER, s, role, IMG))["spec"])
 
 
 # The table docs/security.md prints (tests/examples/test_install_docs.py reads it back).
@@ -103,7 +103,7 @@ def test_nvl72_channel_claim_needs_no_privilege() -> None:
     s = spec(topology={"kind": "GB200-NVL72"}, prefill={"replicas": 1, "gpusPerReplica": 4},
              decode={"replicas": 1, "gpusPerReplica": 4}, engine={"kind": "emulator"})  # fmt: skip
     assert s.decode is not None
-    pod = pools.pod_template(OWNER, s, "decode", s.decode, {}, "uuid.0", True, IMG)["spec"]
+    pod = pools.pod_template(PoolBuild(OWNER, s, "decode", IMG, clique="uuid.0", compute_domain=True))["spec"]
     assert pod["resourceClaims"]
     assert level(pod) == "restricted"
 

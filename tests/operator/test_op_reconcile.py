@@ -9,7 +9,7 @@ import pytest
 from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
 
 from xpyd_api import conditions as C
-from xpyd_api import engines
+from xpyd_api import labels as L
 from xpyd_operator.handlers import wants_reconcile
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue, backoff
@@ -72,9 +72,7 @@ async def test_set_replicas_drift_is_corrected_and_edits_roll() -> None:
     assert kube.dd is not None
     kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
     writes = await _pass(kube)
-    assert "apply StatefulSet/llama-decode" in writes  # an engine upgrade rolls decode first
-    kube.settle()
-    assert "apply StatefulSet/llama-prefill" in await _pass(kube)
+    assert {"apply StatefulSet/llama-decode", "apply StatefulSet/llama-prefill"} <= set(writes)  # in step
 
 
 def _engine_image(kube: FakeKube, role: str) -> str:
@@ -86,30 +84,78 @@ def _progressing(kube: FakeKube) -> str:
     return str(next(c["reason"] for c in kube.dd["status"]["conditions"] if c["type"] == C.PROGRESSING))
 
 
-async def test_engine_upgrade_rolls_decode_first_and_prefill_waits() -> None:
-    kube = FakeKube(dict(SPEC), b200_nodes())
+def _pairable(kube: FakeKube) -> int:
+    """Ready pods of the scarcer pool, summed over engine revisions: the pairs the router has now."""
+    by_rev: dict[str, dict[str, int]] = {}
+    for pod in kube.pods.values():
+        labels = pod["metadata"]["labels"]
+        if pod["status"]["conditions"][0]["status"] == "True":
+            roles = by_rev.setdefault(labels[L.ENGINE_REV], {"prefill": 0, "decode": 0})
+            roles[labels[L.ROLE]] += 1
+    return sum(min(roles.values()) for roles in by_rev.values())
+
+
+@pytest.mark.parametrize(("surge", "least_pairs"), [(1, 2), (0, 1)])
+async def test_an_engine_upgrade_steps_both_pools_together_and_keeps_pairs(surge: int, least_pairs: int) -> None:
+    spec = {**SPEC, "prefill": {"replicas": 2, "gpusPerReplica": 2}, "decode": {"replicas": 3, "gpusPerReplica": 2}}
+    kube = FakeKube({**spec, "rollout": {"maxSurge": surge}}, b200_nodes())
+    kube.simulate_pods = True
     await _pass(kube)
-    kube.settle()
-    await _pass(kube)
-    assert kube.dd is not None
-    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
-    kube.dd["metadata"]["generation"] = 2
-    writes = await _pass(kube)
-    assert "apply StatefulSet/llama-decode" in writes
-    assert "apply StatefulSet/llama-prefill" not in writes
-    assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.33.1"
-    assert _engine_image(kube, "prefill") == engines.default_image("vllm")
-    assert _progressing(kube) == "EngineUpgradeDecodeFirst"
-    # decode is still replacing pods: prefill keeps waiting, however often we reconcile
-    decode = kube.objects[("StatefulSet", "llama-decode")]
-    decode["status"] = {**decode.get("status", {}), "updatedReplicas": 1, "updateRevision": "r2"}
-    assert "apply StatefulSet/llama-prefill" not in await _pass(kube)
-    kube.settle()  # every decode replica runs the new engine and is ready
-    assert "apply StatefulSet/llama-prefill" in await _pass(kube)
-    assert _engine_image(kube, "prefill") == "vllm/vllm-openai:v0.33.1"
     kube.settle()
     await _pass(kube)
     assert _progressing(kube) == "Complete"
+    assert kube.dd is not None
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
+    kube.dd["metadata"]["generation"] = 2
+    pairs: list[int] = []
+    reasons: list[str] = []
+    passes = 0
+    while _progressing(kube) != "Complete" or passes == 0:
+        passes += 1
+        assert passes < 20, reasons
+        await _pass(kube)
+        reasons.append(_progressing(kube))
+        kube.settle(ready=False)  # the controllers act: new and replaced pods are not ready yet
+        pairs.append(_pairable(kube))
+        kube.settle()
+        await _pass(kube)
+    assert min(pairs) >= least_pairs, pairs  # a revision with a prefill and a decode pod at every step
+    assert "EngineUpgradeInStep" in reasons
+    images = {p["spec"]["containers"][0]["image"] for p in kube.pods.values()}
+    assert images == {"vllm/vllm-openai:v0.33.1"}
+    for role, n in (("prefill", 2), ("decode", 3)):
+        sts = kube.objects[("StatefulSet", f"llama-{role}")]
+        assert sts["spec"]["replicas"] == n and "rollingUpdate" not in sts["spec"]["updateStrategy"]
+        assert not any(k.startswith("xpyd.io/rollback") for k in sts["metadata"]["annotations"])
+        assert sorted(p for p in kube.pods if p.startswith(f"llama-{role}-")) == [f"llama-{role}-{i}" for i in range(n)]
+    assert await _pass(kube) == []  # at rest again
+
+
+async def test_a_crash_looping_engine_revision_is_rolled_back() -> None:
+    kube = FakeKube(dict(SPEC), b200_nodes())
+    kube.simulate_pods = True
+    await _pass(kube)
+    kube.settle()
+    await _pass(kube)
+    old = _engine_image(kube, "decode")
+    assert kube.dd is not None
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.0"}  # its pods crash here
+    kube.dd["metadata"]["generation"] = 2
+    await _pass(kube)
+    kube.settle(ready=False)  # the surge pods start and crash
+    kube.set_pod("llama-decode-2", restarts=3)
+    await _pass(kube)
+    assert _progressing(kube) == "EngineRevisionRolledBack"
+    kube.settle()
+    await _pass(kube)
+    assert {p["spec"]["containers"][0]["image"] for p in kube.pods.values()} == {old}
+    assert _engine_image(kube, "decode") == _engine_image(kube, "prefill") == old
+    assert sorted(kube.pods) == ["llama-decode-0", "llama-decode-1", "llama-prefill-0"]
+    assert await _pass(kube) in ([], ["status"])  # stays rolled back while the spec asks for the failed revision
+    assert _progressing(kube) == "EngineRevisionRolledBack"
+    kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}  # a fixed revision rolls again
+    await _pass(kube)
+    assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.33.1"
 
 
 async def test_resize_is_not_held_by_the_upgrade_rule() -> None:

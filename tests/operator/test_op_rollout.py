@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from xpyd_api import labels as L
-from xpyd_operator import rollout
+from xpyd_operator import groups, rollout
 
 
 def sts(rev: str, replicas: int = 2, **status: Any) -> dict[str, Any]:
@@ -59,9 +59,19 @@ def test_rolled_out(obj: dict[str, Any] | None, rev: str, done: bool) -> None:
         ({"decode": "v2", "prefill": "v2"}, {"decode": sts("v1")}, False),  # a new prefill pool
     ],
 )
-def test_prefill_waits_for_decode(desired: dict[str, str], observed: dict[str, Any], held: bool) -> None:
+def test_prefill_waits_for_decode_on_leaderworkersets(
+    desired: dict[str, str], observed: dict[str, Any], held: bool
+) -> None:
+    want = {(groups.KIND, role): sts(rev) for role, rev in desired.items()}
+    have = {(groups.KIND, role): obj for role, obj in observed.items()}
+    assert rollout.held_back(want, have, "decode", "prefill") is held
+    # StatefulSet pools step through an engine change together (xpyd_operator.lockstep): nothing waits
     want = {("StatefulSet", role): sts(rev) for role, rev in desired.items()}
     have = {("StatefulSet", role): obj for role, obj in observed.items()}
+    assert rollout.held_back(want, have, "decode", "prefill") is False
+    # one pool of each kind: decode first, as on LeaderWorkerSets
+    want = {("StatefulSet", "decode"): sts(desired["decode"]), (groups.KIND, "prefill"): sts(desired["prefill"])}
+    have = {("StatefulSet" if r == "decode" else groups.KIND, r): obj for r, obj in observed.items()}
     assert rollout.held_back(want, have, "decode", "prefill") is held
 
 

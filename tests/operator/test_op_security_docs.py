@@ -11,6 +11,7 @@ from fakekube import OWNER, spec  # type: ignore[import-not-found]
 from pss import level  # type: ignore[import-not-found]
 
 from xpyd_operator import podsecurity, pools, routerkit
+from xpyd_operator.build_context import PoolBuild
 
 REPO = Path(__file__).resolve().parents[2]
 SECURITY = (REPO / "docs" / "security.md").read_text()
@@ -32,7 +33,7 @@ def codes(cell: str) -> list[str]:
 def _engine_level(kind: str, resources: dict[str, str]) -> str:
     s = spec(engine={"kind": kind, "resources": resources})
     assert s.decode is not None
-    return str(level(pools.pod_template(OWNER, s, "decode", s.decode, {}, None, False, IMG)["spec"]))
+    return str(level(pools.pod_template(PoolBuild(OWNER, s, "decode", IMG))["spec"]))
 
 
 def documented_levels() -> list[tuple[str, str, bool, str]]:
@@ -70,7 +71,7 @@ def test_documented_fabric_capabilities(row: list[str]) -> None:
     assert podsecurity.fabric_capabilities(resources) == want
     s = spec(engine={"kind": "vllm", "resources": dict.fromkeys(resources, "1")})
     assert s.decode is not None
-    container = pools.pod_template(OWNER, s, "decode", s.decode, {}, None, False, IMG)["spec"]["containers"][0]
+    container = pools.pod_template(PoolBuild(OWNER, s, "decode", IMG))["spec"]["containers"][0]
     assert container["securityContext"]["capabilities"].get("add", []) == want
 
 

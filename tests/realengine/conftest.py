@@ -7,6 +7,7 @@ not 0). Collected without the venv, every test fails saying to run `bash cluster
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -158,6 +159,35 @@ def wait_healthy(procs: list[tuple[Proc, str]], timeout: float, stack: Stack | N
                 time.sleep(1.0)
 
 
+WARM_UP_LINE = "pair warm-up "  # the router's log line once a pair's warm-up handoff ended (done, timed out, failed)
+
+
+def wait_router_settled(stack: Stack, router_log: Path, timeout: float) -> None:
+    """Until the router has run its warm-up handoff over the pair and sees both workers ready again.
+
+    A CPU engine busy with its first NIXL transfer can answer the router's /metrics scrapes late
+    for seconds, long enough to be taken out for a moment (xpyd_router.pool.SLOW_SCRAPES); the
+    tests start once that start-up work is over, not while the router is still warming the pair.
+    """
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            warmed = router_log.exists() and WARM_UP_LINE in router_log.read_text(errors="replace")
+            if warmed:
+                try:
+                    page = client.get(stack.router + "/metrics").text
+                except httpx.HTTPError:
+                    page = ""
+                ready = {
+                    role: re.search(rf'^xpyd_router_workers{{[^}}]*role="{role}",state="ready"}} (\S+)$', page, re.M)
+                    for role in ("prefill", "decode")
+                }
+                if all(m is not None and float(m.group(1)) >= 1 for m in ready.values()):
+                    return
+            time.sleep(0.5)
+    pytest.fail(f"the router did not finish warming its pair within {timeout:.0f}s\n" + stack.logs())
+
+
 def _all_tails(procs: list[tuple[Proc, str]], stack: Stack | None) -> str:
     if stack is not None:
         return stack.logs()
@@ -247,6 +277,7 @@ def real_stack(real_vllm_python: Path, tmp_path_factory: pytest.TempPathFactory)
         stack.procs.append(router)
         router.start()
         wait_healthy([(router, router_url)], ROUTER_START_S, stack)
+        wait_router_settled(stack, logdir / "router.log", ROUTER_START_S + 60)
         (logdir / "timings.txt").write_text(f"engines healthy after {started:.1f}s\n")
         print(f"\nrealengine: engines healthy after {started:.1f}s; logs in {logdir}", file=sys.stderr)
         yield stack

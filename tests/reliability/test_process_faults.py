@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from bench.reliability import process_cases as pc
-from bench.reliability.outcomes import HUNG, LOST, OK
+from testkit.outcomes import HUNG, LOST, OK
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,11 +20,11 @@ import aiohttp
 import pytest
 
 from xpyd_router.app import build_app
+from xpyd_router.http.server import Server
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
+from xpyd_router.policy.registry import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 from xpyd_router.proxy import ProxyConfig
-from xpyd_router.server import Server
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 XPYD = str(Path(sys.executable).with_name("xpyd"))

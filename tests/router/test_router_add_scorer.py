@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from xpyd_router import scorers
 from xpyd_router.cli import parser, validate
 from xpyd_router.model import RouteRequest, WorkerState
-from xpyd_router.policies import DEFAULT_SCORERS, KvAwareConfig, KvAwarePolicy, PrefixIndex
-from xpyd_router.policy_parts import RouteView, ScorerWeight
-from xpyd_router.scorers import SCORERS, parse_weights
+from xpyd_router.policy import scorers
+from xpyd_router.policy.parts import RouteView, ScorerWeight
+from xpyd_router.policy.registry import DEFAULT_SCORERS, KvAwareConfig, KvAwarePolicy, PrefixIndex
+from xpyd_router.policy.scorers import SCORERS, parse_weights
 
 
-# Step 1, the module (router/xpyd_router/scorers/headroom.py in the recipe): one score per worker.
+# Step 1, the module (router/xpyd_router/policy/scorers/headroom.py in the recipe): one score per worker.
 class HeadroomScorer:
     """Among equal prefixes, the worker with the most free KV cache first."""
 
@@ -52,7 +52,7 @@ def workers() -> list[WorkerState]:
 
 @pytest.fixture
 def registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Step 2, the registration line in router/xpyd_router/scorers/__init__.py:
+    # Step 2, the registration line in router/xpyd_router/policy/scorers/__init__.py:
     #     "headroom": HeadroomScorer,
     monkeypatch.setitem(SCORERS, "headroom", HeadroomScorer)
 

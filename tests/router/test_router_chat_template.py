@@ -20,13 +20,13 @@ import pytest
 from chat_models import CONFIGS, MODELS, model_dir  # type: ignore[import-not-found]  # tests/router is on sys.path
 from stub_workers import call  # type: ignore[import-not-found]
 
-from xpyd_router.block_keys import RequestKeys, token_block_keys
-from xpyd_router.chat_template import MAX_MESSAGES, ChatTemplate, TemplateError, special_token_values
-from xpyd_router.engine_tokens import HfTokenizer, load_local, make_tokenizer
-from xpyd_router.engine_view import EngineView
-from xpyd_router.kv_wire import Stored
-from xpyd_router.prefix_index import PrefixIndex
-from xpyd_router.protocol import parse_body
+from xpyd_router.http.protocol import parse_body
+from xpyd_router.kv.block_keys import RequestKeys, token_block_keys
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.wire import Stored
+from xpyd_router.tokens.chat_template import MAX_MESSAGES, ChatTemplate, TemplateError, special_token_values
+from xpyd_router.tokens.engine import HfTokenizer, load_local, make_tokenizer
 
 Json = dict[str, Any]
 WEATHER = {
@@ -437,7 +437,7 @@ async def test_a_request_the_template_refuses_is_still_proxied_untouched(
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_only_the_first_max_key_chars_are_tokenized(model_dirs: dict[str, Path], chat: bool) -> None:
-    from xpyd_router.engine_tokens import MAX_KEY_CHARS
+    from xpyd_router.tokens.engine import MAX_KEY_CHARS
 
     tok = _router_tokenizer(model_dirs, "qwen2.5-instruct")
     huge = "lorem ipsum dolor " * (2 * MAX_KEY_CHARS // 18)  # twice the bound: a hostile 1 MiB prompt

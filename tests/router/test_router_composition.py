@@ -13,10 +13,10 @@ import pytest
 
 from xpyd_router.hashing import weight
 from xpyd_router.model import Decision, NoWorker, Plan, RouterContext, RouteRequest, WorkerState
-from xpyd_router.policies import KvAwareConfig, KvAwarePolicy, PrefixIndex
-from xpyd_router.policy_base import find, kv_path, pairable, partners, tie_break
-from xpyd_router.policy_parts import RouteView, ScorerWeight, rank
-from xpyd_router.scorers import SCORERS, make_scorers
+from xpyd_router.policy.base import find, kv_path, pairable, partners, tie_break
+from xpyd_router.policy.parts import RouteView, ScorerWeight, rank
+from xpyd_router.policy.registry import KvAwareConfig, KvAwarePolicy, PrefixIndex
+from xpyd_router.policy.scorers import SCORERS, make_scorers
 
 
 class OldKvAware:

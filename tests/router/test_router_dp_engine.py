@@ -21,17 +21,17 @@ from xpyd_emulator.kv_events import KvEventsConfig
 from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.tokens import block_hashes_text, token_ids
-from xpyd_router.block_keys import RequestKeys
 from xpyd_router.cli import parser, static_workers
 from xpyd_router.discovery import workers_of
-from xpyd_router.engine_tokens import EmulatorTokenizer
+from xpyd_router.kv.block_keys import RequestKeys
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.replica_index import RankIndex
 from xpyd_router.kv_events import KvEventHub
-from xpyd_router.policies import KvAwarePolicy
+from xpyd_router.policy.registry import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
-from xpyd_router.prefix_index import PrefixIndex
-from xpyd_router.replica_index import RankIndex
 from xpyd_router.scrape import WorkerMetrics
 from xpyd_router.targets import replica_endpoints
+from xpyd_router.tokens.engine import EmulatorTokenizer
 
 KEYS = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
 TEXTS = ["You are a helpful assistant. Answer briefly. " * 12, "A quite different system prompt here. " * 14]

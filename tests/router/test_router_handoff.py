@@ -9,12 +9,13 @@ import orjson
 import pytest
 
 from xpyd_api import engines
-from xpyd_router import handoff, hops, protocol, proxy
+from xpyd_router import handoff, hops, proxy
 from xpyd_router.cli import UsageError, parser
 from xpyd_router.handoff.bootstrap import Bootstrap
 from xpyd_router.handoff.nixl import DECODE_ONLY, Nixl, decode_body, prefill_body
+from xpyd_router.http import protocol
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.policies import KvAwarePolicy
+from xpyd_router.policy.registry import KvAwarePolicy
 from xpyd_router.pool import WorkerPool
 
 BASE: dict[str, Any] = {"model": "m", "prompt": "p", "max_tokens": 50, "stream": True}

@@ -14,7 +14,7 @@ import pytest
 from router_harness import Router  # type: ignore[import-not-found]
 from stub_workers import Stub, call  # type: ignore[import-not-found]
 
-from xpyd_router.access import ApiKey, load_api_keys
+from xpyd_router.http.access import ApiKey, load_api_keys
 
 pytestmark = pytest.mark.timeout(30)
 Start = Callable[..., Any]

@@ -22,10 +22,10 @@ import pytest
 from chat_models import CONFIGS, write_tokenizer  # type: ignore[import-not-found]  # tests/router is on sys.path
 from prometheus_client import CollectorRegistry, generate_latest
 
-from xpyd_router import hub_files
-from xpyd_router.engine_tokens import HfTokenizer, load_hub_tokenizer
-from xpyd_router.hub_files import HubError, HubOptions, HubRef, fetch, parse_spec
 from xpyd_router.metrics import RouterMetrics
+from xpyd_router.tokens import hub_files
+from xpyd_router.tokens.engine import HfTokenizer, load_hub_tokenizer
+from xpyd_router.tokens.hub_files import HubError, HubOptions, HubRef, fetch, parse_spec
 
 REPO = "org/model"
 SPEC = f"hf:{REPO}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import random
 
+from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.loadshare import LoadShare, worker_id
 from xpyd_router.model import RouteRequest
-from xpyd_router.policies import KvAwarePolicy
+from xpyd_router.policy.registry import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
-from xpyd_router.prefix_index import PrefixIndex
 
 A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
 

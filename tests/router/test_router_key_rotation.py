@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from stub_workers import call  # type: ignore[import-not-found]
 
-from xpyd_router.access import KEY_CHECK_S, ApiKey
+from xpyd_router.http.access import KEY_CHECK_S, ApiKey
+from xpyd_router.http.server import Server
 from xpyd_router.loadshare import PATH, LoadShare
-from xpyd_router.policies import make_policy
+from xpyd_router.policy.registry import make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec
-from xpyd_router.server import Server
 
 pytestmark = pytest.mark.timeout(30)
 Start = Callable[..., Any]
@@ -57,7 +57,7 @@ def test_keys_follow_the_file_at_most_every_check(tmp_path: Path, caplog: pytest
     swap(path, "new-key\n")  # step 3: clients moved; remove the old key
     clock.now = 4.0
     assert keys.allows(bearer("new-key")) and not keys.allows(bearer("old-key"))
-    with caplog.at_level(logging.WARNING, "xpyd_router.access"):
+    with caplog.at_level(logging.WARNING, "xpyd_router.http.access"):
         swap(path, "\n")  # a broken rotation: empty
         clock.now = 6.0
         assert keys.allows(bearer("new-key")) and not keys.allows(None)  # never opens the router

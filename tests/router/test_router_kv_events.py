@@ -17,12 +17,12 @@ from xpyd_emulator.kv_events import KvEventsConfig
 from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.tokens import block_hashes_text, token_ids
-from xpyd_router.block_keys import RequestKeys, prompt_ids, token_block_keys
-from xpyd_router.engine_tokens import EmulatorTokenizer
-from xpyd_router.engine_view import EngineView
+from xpyd_router.kv.block_keys import RequestKeys, prompt_ids, token_block_keys
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.wire import Cleared, Removed, Stored, WireError, decode_batch
 from xpyd_router.kv_events import KvEventHub, Subscription
-from xpyd_router.kv_wire import Cleared, Removed, Stored, WireError, decode_batch
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.tokens.engine import EmulatorTokenizer
 
 HOST = "127.0.0.1"
 KEYS = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
@@ -295,7 +295,7 @@ async def test_seq_order_gaps_and_restarts_without_a_replay_socket(seqs: list[in
 
 async def test_the_hub_follows_the_pool_and_feeds_routing() -> None:
     from xpyd_router.model import RouteRequest
-    from xpyd_router.policies import KvAwarePolicy
+    from xpyd_router.policy.registry import KvAwarePolicy
     from xpyd_router.pool import WorkerPool, WorkerSpec
     from xpyd_router.scrape import WorkerMetrics
 
@@ -332,7 +332,7 @@ async def test_the_hub_follows_the_pool_and_feeds_routing() -> None:
 
 @pytest.mark.parametrize(("first", "adopted"), [(64, True), (16, False)])
 def test_the_router_adopts_the_engines_block_size_before_it_keyed_any_block(first: int, adopted: bool) -> None:
-    from xpyd_router.policies import KvAwarePolicy
+    from xpyd_router.policy.registry import KvAwarePolicy
     from xpyd_router.pool import WorkerPool, WorkerSpec
 
     keys = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
@@ -358,7 +358,7 @@ def test_the_router_adopts_the_engines_block_size_before_it_keyed_any_block(firs
 def test_kv_event_counts_are_exported_per_worker_at_scrape_time() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from xpyd_router.engine_view import ViewStats
+    from xpyd_router.kv.engine_view import ViewStats
     from xpyd_router.metrics import RouterMetrics
 
     views = {"http://10.0.0.1:8000#dp1": ViewStats(stored=5, removed=2, orphans=1, batches=3)}

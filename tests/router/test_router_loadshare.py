@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xpyd_router import loadshare
+from xpyd_router.http.server import Server
 from xpyd_router.loadshare import PATH, LoadShare, worker_id
 from xpyd_router.model import RouteRequest
-from xpyd_router.policies import KvAwarePolicy
+from xpyd_router.policy.registry import KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec
-from xpyd_router.server import Server
 
 A, B = "http://127.0.0.1:9001", "http://127.0.0.1:9002"
 IA, IB = worker_id(A), worker_id(B)  # the ids replicas exchange: hashed, no address leaves the router

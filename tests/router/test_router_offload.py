@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from xpyd_router.block_keys import RequestKeys
-from xpyd_router.engine_tokens import EmulatorTokenizer, Ids
+from xpyd_router.kv.block_keys import RequestKeys
 from xpyd_router.metrics import RouterMetrics
-from xpyd_router.policies import make_policy
+from xpyd_router.policy.registry import make_policy
 from xpyd_router.pool import WorkerPool
 from xpyd_router.proxy import OFFLOAD_CHARS, Proxy, ProxyConfig
-from xpyd_router.token_cache import encode_unlocked
+from xpyd_router.tokens.cache import encode_unlocked
+from xpyd_router.tokens.engine import EmulatorTokenizer, Ids
 
 
 class Recording(EmulatorTokenizer):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from xpyd_router.hashing import weight
-from xpyd_router.policies import (
+from xpyd_router.policy.registry import (
     POLICIES,
     KvAwareConfig,
     KvAwarePolicy,

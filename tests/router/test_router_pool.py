@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from xpyd_router.model import NoWorker, RouteRequest
-from xpyd_router.policies import KvAwareConfig, KvAwarePolicy
+from xpyd_router.policy.registry import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec, parse_worker_arg
 from xpyd_router.scrape import WorkerMetrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.kv.prefix_index import PrefixIndex
 
 
 def test_match_counts_leading_blocks_per_worker() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from xpyd_router.handoff.bootstrap import bootstrap_bodies
 from xpyd_router.handoff.nixl import decode_body, prefill_body
-from xpyd_router.protocol import BadRequest, error_body, parse_body, sse_error
+from xpyd_router.http.protocol import BadRequest, error_body, parse_body, sse_error
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 from router_harness import Router  # type: ignore[import-not-found]
 from stub_workers import SECRET_ENGINE, SIDE_CHANNEL, Stub, call, events  # type: ignore[import-not-found]
 
-from xpyd_router.protocol import RESERVED_FIELDS, BadRequest, parse_body
+from xpyd_router.http.protocol import RESERVED_FIELDS, BadRequest, parse_body
 
 pytestmark = pytest.mark.timeout(30)
 Start = Callable[..., Any]

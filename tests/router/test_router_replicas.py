@@ -10,15 +10,15 @@ import pytest
 from xpyd_emulator.kv_publisher import KVEventBatch, to_wire
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.tokens import block_hashes_text, token_ids
-from xpyd_router.block_keys import RequestKeys
-from xpyd_router.engine_tokens import EmulatorTokenizer
-from xpyd_router.engine_view import EngineView
 from xpyd_router.hashing import affinity_key
-from xpyd_router.kv_wire import decode_batch
+from xpyd_router.kv.block_keys import RequestKeys
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.wire import decode_batch
 from xpyd_router.model import RouteRequest
-from xpyd_router.policies import make_policy
+from xpyd_router.policy.registry import make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec
 from xpyd_router.scrape import WorkerMetrics
+from xpyd_router.tokens.engine import EmulatorTokenizer
 
 KEYS = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
 NAMES = [f"http://127.0.0.1:{8100 + i}" for i in range(4)]

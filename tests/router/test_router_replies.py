@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xpyd_router.replies import MAX_EVENT_BYTES, BadReply, SseFilter, json_reply, prefill_params
+from xpyd_router.http.replies import MAX_EVENT_BYTES, BadReply, SseFilter, json_reply, prefill_params
 
 STREAM = b"".join(b'data: {"choices": [{"text": "t%d"}]}\n\n' % i for i in range(5)) + b": ping\n\ndata: [DONE]\n\n"
 

@@ -11,11 +11,11 @@ import pytest
 from xpyd_emulator.kv_publisher import KVEventBatch, to_wire
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.tokens import block_hashes_text, salted_seed, token_ids
-from xpyd_router.block_keys import RequestKeys, salt_root
-from xpyd_router.engine_tokens import EmulatorTokenizer
-from xpyd_router.engine_view import EngineView
-from xpyd_router.kv_wire import Stored, decode_batch
-from xpyd_router.prefix_index import PrefixIndex
+from xpyd_router.kv.block_keys import RequestKeys, salt_root
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.wire import Stored, decode_batch
+from xpyd_router.tokens.engine import EmulatorTokenizer
 
 KEYS = RequestKeys(EmulatorTokenizer(), 16, 256, 4.0)
 IDS = list(range(32))

@@ -66,7 +66,7 @@ async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy
     from aiohttp import web
 
     from xpyd_router.health import HealthChecker
-    from xpyd_router.policies import KvAwarePolicy
+    from xpyd_router.policy.registry import KvAwarePolicy
     from xpyd_router.pool import WorkerPool, WorkerSpec
 
     async def health(_: web.Request) -> web.Response:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpyd_router.messages import Answer, BodyError, Reply, Request, error_reply
-from xpyd_router.server import MAX_HEAD_BYTES, Server
+from xpyd_router.http.messages import Answer, BodyError, Reply, Request, error_reply
+from xpyd_router.http.server import MAX_HEAD_BYTES, Server
 
 pytestmark = pytest.mark.timeout(30)
 Serve = Callable[..., Any]

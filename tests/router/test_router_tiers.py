@@ -9,15 +9,15 @@ import msgspec
 import pytest
 
 from xpyd_perf import GPUS, MODELS
-from xpyd_router.engine_view import EngineView
-from xpyd_router.kv_wire import CPU, GPU, Removed, Stored, decode_batch
+from xpyd_router.kv.engine_view import EngineView
+from xpyd_router.kv.prefix_index import PrefixIndex
+from xpyd_router.kv.tier_cost import ReloadCost
+from xpyd_router.kv.tier_index import TierIndex
+from xpyd_router.kv.wire import CPU, GPU, Removed, Stored, decode_batch
 from xpyd_router.model import RouterContext, RouteRequest, WorkerState
-from xpyd_router.policy_parts import RouteView
-from xpyd_router.prefix_index import PrefixIndex
-from xpyd_router.scorers.prefix import PrefixScorer
-from xpyd_router.scorers.tiers import TierScorer
-from xpyd_router.tier_cost import ReloadCost
-from xpyd_router.tier_index import TierIndex
+from xpyd_router.policy.parts import RouteView
+from xpyd_router.policy.scorers.prefix import PrefixScorer
+from xpyd_router.policy.scorers.tiers import TierScorer
 
 LLAMA = MODELS["llama-3.1-70b"]
 TOKENS = list(range(1000, 1064))  # four 16-token blocks

@@ -20,12 +20,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from xpyd_router.cli import main
+from xpyd_router.http.messages import Reply, Request, Routes
+from xpyd_router.http.server import Server
+from xpyd_router.http.tls import TlsFiles, leaf_pem
 from xpyd_router.loadshare import PATH, LoadShare
-from xpyd_router.messages import Reply, Request, Routes
-from xpyd_router.policies import make_policy
+from xpyd_router.policy.registry import make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec
-from xpyd_router.server import Server
-from xpyd_router.tls import TlsFiles, leaf_pem
 
 pytestmark = pytest.mark.timeout(30)
 XPYD = str(Path(sys.executable).with_name("xpyd"))
@@ -164,7 +164,7 @@ async def test_a_renewed_certificate_is_served_without_dropping_connections(
         # a broken renewal (key of another certificate): the last good pair stays, one warning
         swap(tmp_path / "tls.crt", pem(make_cert("third")[0]))
         clock.now = 10.0
-        with caplog.at_level(logging.WARNING, "xpyd_router.tls"):
+        with caplog.at_level(logging.WARNING, "xpyd_router.http.tls"):
             assert not tls.refresh()
             clock.now = 15.0
             assert not tls.refresh()  # unchanged since: no second warning

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from test_router_chat_template import CHAT, PARTS, TOOL_TURNS, WEATHER  # type: ignore[import-not-found]
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from xpyd_router import token_cache
-from xpyd_router.block_keys import RequestKeys, token_block_keys
-from xpyd_router.engine_tokens import HfTokenizer, load_local
-from xpyd_router.token_cache import CHECK_EVERY, CHECK_FIRST, WHITE_SPACE, SegmentEncoder, TokenCache
+from xpyd_router.kv.block_keys import RequestKeys, token_block_keys
+from xpyd_router.tokens import cache as token_cache
+from xpyd_router.tokens.cache import CHECK_EVERY, CHECK_FIRST, WHITE_SPACE, SegmentEncoder, TokenCache
+from xpyd_router.tokens.engine import HfTokenizer, load_local
 
 Json = dict[str, Any]
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from router_harness import free_port  # type: ignore[import-not-found]
 
-from xpyd_router.upstream import Upstream, UpstreamError
+from xpyd_router.http.upstream import Upstream, UpstreamError
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from xpyd_api.models import AutoscalingSpec
-from xpyd_operator.autoscaling_types import PoolObservation
+from xpyd_operator.autoscaling.types import PoolObservation
 from xpyd_sim import spec as specs
 from xpyd_sim import trace
 from xpyd_sim.engine import SimConfig, Simulation

@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from xpyd_router.messages import Answer, Reply
-from xpyd_router.protocol import JsonObj
+from xpyd_router.http.messages import Answer, Reply
+from xpyd_router.http.protocol import JsonObj
 
 __all__ = ["Handoff", "HopFailed", "JsonObj", "Legs"]
 

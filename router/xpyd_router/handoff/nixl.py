@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 
 from xpyd_router.handoff.base import Handoff, JsonObj, Legs
-from xpyd_router.messages import Answer, Reply
-from xpyd_router.replies import prefill_params
+from xpyd_router.http.messages import Answer, Reply
+from xpyd_router.http.replies import prefill_params
 
 EMPTY_KV: JsonObj = {
     "do_remote_decode": True,

@@ -1,0 +1,228 @@
+"""The SLO policy: size prefill and decode for spec.slo's TTFT and ITL at the fewest replicas.
+
+Each pool's replica is priced by the performance model (slomodel) and corrected online
+from the engines' own latency. Both pools are one decision over the same traffic:
+
+- prefill from the prompt-token rate less the prefix-cache hits, plus the queued prompts drained
+  within the time a new replica takes to be Ready, at the smallest size whose TTFT at the planned
+  quantile (service + queueing) fits the target less the KV handoff;
+- decode from the sequences it runs and those about to arrive (queued here and at prefill), at the
+  smallest size whose decode step (the ITL) fits the target, whose KV cache holds them with
+  headroom and whose batch stays under the engine's cap; so the P:D ratio follows the mix.
+
+Demand is extrapolated along its recent trend by the measured time to Ready (ahead of ramps, never
+below now). Moving the sizes (up at once, down to the stabilization window's maximum, cooldowns,
+flap guard, no move on missing data, a manual edit taken as the new target) is XpydPolicy's.
+A pool the model cannot price is sized by XpydPolicy's thresholds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Final
+
+from xpyd_api.models import SloSpec
+
+from .policy import XpydPolicy
+from .slomodel import (
+    ReplicaPerf,
+    corrected,
+    trend,
+    waiting_quantile,
+    within_probability,
+)
+from .types import DECODE, PREFILL, Behavior, Decision, PolicyInputs, PoolObservation, PoolState
+
+DEFAULT_READY_S: Final = 60.0  # a new replica's time to Ready until one is measured
+READY_ALPHA: Final = 0.5
+MAX_UTILIZATION: Final = 0.9  # a prefill pool is never planned fuller than this
+KV_HEADROOM: Final = 0.8  # decode KV cache planned at most this full (sequences still grow)
+MAX_SEQS: Final = 256  # vLLM's max_num_seqs: a larger batch queues
+BATCH_HEADROOM: Final = 0.9
+TTFT_MARGIN: Final = 1.0  # plan TTFT this far under its target
+ITL_MARGIN: Final = 0.9  # plan the decode step this far under the ITL target (replica imbalance)
+OBSERVED_Q: Final = 0.9  # the quantile the engines' latency is scraped at (p90)
+DEMAND_POINTS: Final = 12  # demand samples kept for the trend
+DEFAULT_PROMPT: Final = 2048.0
+SETTLE_S: Final = 60.0  # fresh data needed before the first scale-down
+GROWTH: Final = 1.3  # context a running sequence still adds, as a share of what it holds
+
+
+def planned_quantile(slo: SloSpec) -> float:
+    """The quantile the policy plans latency at: the stricter of the percentile and the attainment goal."""
+    return max(slo.percentile / 100.0, slo.attainment)
+
+
+def mean_prompt(obs: PoolObservation) -> float:
+    if obs.prompt_tokens_rate and obs.request_rate and obs.request_rate > 0:
+        return obs.prompt_tokens_rate / obs.request_rate
+    return DEFAULT_PROMPT
+
+
+def prefill_ttft(
+    perf: ReplicaPerf, correction: float, new_tokens: float, rate_tokens: float, n: int, q: float, capacity: float
+) -> tuple[float, float, float]:
+    """(TTFT at quantile q, mean service seconds, utilization) of `n` replicas computing `rate_tokens`/s.
+
+    The correction scales latency (service time); throughput is `capacity` tokens/s per replica.
+    """
+    service = correction * perf.prefill_seconds(new_tokens)
+    rho = rate_tokens / (max(n, 1) * capacity) if n > 0 else math.inf
+    return service + waiting_quantile(service, rho, q), service, rho
+
+
+def size_prefill(
+    perf: ReplicaPerf,
+    correction: float,
+    new_tokens: float,
+    rate_tokens: float,
+    budget_s: float,
+    q: float,
+    top: int,
+    capacity: float,
+) -> tuple[int, float, float]:
+    """The fewest replicas (up to `top`) whose TTFT at q fits `budget_s`; with that TTFT and its attainment."""
+    for n in range(1, top + 1):
+        ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, n, q, capacity)
+        if ttft <= budget_s and rho <= MAX_UTILIZATION:
+            return n, ttft, within_probability(service, rho, budget_s)
+    ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, top, q, capacity)
+    return top, ttft, within_probability(service, rho, budget_s)
+
+
+def size_decode(
+    perf: ReplicaPerf, correction: float, sequences: float, context: float, itl_s: float, top: int
+) -> tuple[int, float, str]:
+    """The fewest replicas (up to `top`) meeting the ITL, the KV cache and the batch cap; with its ITL and limit."""
+    kv_need = sequences * context * GROWTH
+    by_kv = math.ceil(kv_need / (perf.kv_capacity_tokens * KV_HEADROOM))
+    by_batch = math.ceil(sequences / (MAX_SEQS * BATCH_HEADROOM))
+    start = max(1, by_kv, by_batch)
+    limit = "kv-cache" if by_kv > 1 and by_kv >= by_batch else "batch" if by_batch > 1 else "itl"
+    for n in range(min(start, top), top + 1):
+        itl = correction * perf.decode_step_seconds(sequences / n, context)
+        if itl <= itl_s * ITL_MARGIN:
+            return n, itl, limit if n == start else "itl"
+    return top, correction * perf.decode_step_seconds(sequences / top, context), "max"
+
+
+def ahead(st: PoolState, now: float, value: float, horizon: float, window: float) -> tuple[float, PoolState]:
+    """`value` extrapolated `horizon` seconds along its recent upward trend; the state keeps the sample."""
+    pts = (*((t, v) for t, v in st.demand if t > now - window), (now, value))[-DEMAND_POINTS:]
+    slope = max(0.0, trend(pts))
+    return value + slope * horizon, replace(st, demand=pts)
+
+
+def learnt(correction: float, attainment: float, ready_s: float) -> str:
+    """What the policy has learnt so far, as its messages say it."""
+    return f"correction x{correction:.2f}; predicted attainment {attainment:.1%}; ready in ~{ready_s:.0f}s"
+
+
+def measure_ready(obs: PoolObservation, st: PoolState, now: float) -> PoolState:
+    """Learn the time to Ready: from the decision that grew the pool to the moment all are Ready."""
+    if st.pending_since is not None and obs.ready >= obs.replicas:
+        sample = now - st.pending_since
+        prev = st.ready_seconds
+        value = sample if prev is None else (1 - READY_ALPHA) * prev + READY_ALPHA * sample
+        return replace(st, ready_seconds=value, pending_since=None)
+    return st
+
+
+class SloPolicy(XpydPolicy):
+    """Meets spec.slo at the fewest replicas; XpydPolicy's thresholds where the SLO or the model is absent."""
+
+    name = "slo"
+
+    def decide(self, inputs: PolicyInputs, state: Mapping[str, PoolState], now: float) -> Decision:
+        decision = super().decide(inputs, state, now)
+        states = dict(decision.state)
+        for role, dec in decision.pools.items():
+            st, obs = states[role], inputs.pools[role]
+            if dec.desired > obs.ready and st.pending_since is None:
+                states[role] = replace(st, pending_since=now)
+        return replace(decision, state=states)
+
+    def _settle_seconds(self, beh: Behavior) -> float:
+        # The model, not a window of history, says what the load needs: a few samples suffice.
+        return min(beh.stabilization_seconds, SETTLE_S)
+
+    def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
+        slo = inputs.slo
+        if slo is None or role not in inputs.perf:
+            return super()._breached(role, obs, inputs)
+        if role == DECODE:
+            return obs.itl_p90 is not None and obs.itl_p90 > slo.itl_seconds
+        return obs.ttft_p90 is not None and obs.ttft_p90 > slo.ttft_seconds and (obs.waiting or 0) > 0
+
+    def _recommend(
+        self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, now: float
+    ) -> tuple[int, str, PoolState]:
+        slo, perf = inputs.slo, inputs.perf.get(role)
+        if slo is None or perf is None or role not in (PREFILL, DECODE):
+            return super()._recommend(role, obs, inputs, st, now)
+        st = measure_ready(obs, st, now)
+        if role == PREFILL:
+            return self._prefill(obs, inputs, perf, slo, st, now)
+        return self._decode(obs, inputs, perf, slo, st, now)
+
+    def _prefill(
+        self, obs: PoolObservation, inputs: PolicyInputs, perf: ReplicaPerf, slo: SloSpec, st: PoolState, now: float
+    ) -> tuple[int, str, PoolState]:
+        n = obs.replicas
+        if obs.prompt_tokens_rate is None:
+            return n, "slo: prompt-token rate missing: holding", st
+        hit = min(1.0, max(0.0, obs.prefix_hit_ratio or 0.0))
+        prompt = mean_prompt(obs)
+        new_tokens = prompt * (1.0 - hit)
+        rate = obs.prompt_tokens_rate * (1.0 - hit)
+        c = st.correction or 1.0
+        capacity = perf.prefill_tokens_per_second()
+        if obs.ready and obs.ttft_p90 is not None:
+            predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
+            if rho >= 0.05 and math.isfinite(predicted):
+                c = corrected(st.correction, obs.ttft_p90, predicted / c) or 1.0
+        ready_s = st.ready_seconds or DEFAULT_READY_S
+        backlog = (obs.waiting or 0.0) * new_tokens / ready_s  # queued prompts, served within one start-up
+        demand, st = ahead(st, now, rate + backlog, ready_s, inputs.behavior.stabilization_seconds)
+        handoff = inputs.perf[DECODE].handoff_seconds(prompt) if DECODE in inputs.perf else 0.0
+        budget = slo.ttft_seconds * TTFT_MARGIN - handoff
+        q = planned_quantile(slo)
+        top = inputs.bounds[PREFILL].max_replicas
+        need, ttft, attain = size_prefill(perf, c, new_tokens, demand, budget, q, top, capacity)
+        st = replace(st, correction=c, predicted=round(attain, 4))
+        msg = (
+            f"slo: {obs.prompt_tokens_rate:.0f} prompt tok/s, hit {hit:.0%}, demand {demand:.0f} tok/s -> {need}"
+            f" (TTFT p{q * 100:g} {ttft:.2f}s of {budget:.2f}s budget; {learnt(c, attain, ready_s)})"
+        )
+        return need, msg, st
+
+    def _decode(
+        self, obs: PoolObservation, inputs: PolicyInputs, perf: ReplicaPerf, slo: SloSpec, st: PoolState, now: float
+    ) -> tuple[int, str, PoolState]:
+        n = obs.replicas
+        if obs.running is None or obs.kv_usage is None:
+            return n, "slo: running sequences or KV usage missing: holding", st
+        prefill = inputs.pools.get(PREFILL)
+        ready_s = st.ready_seconds or DEFAULT_READY_S
+        # prompts queued at prefill arrive here once prefill catches up: counted up to doubling what runs
+        upstream = min((prefill.waiting or 0.0) if prefill is not None else 0.0, max(obs.running, 1.0))
+        sequences = obs.running + (obs.waiting or 0.0)
+        held = obs.kv_usage * max(obs.ready, 1) * perf.kv_capacity_tokens
+        context = held / obs.running if obs.running >= 1 else DEFAULT_PROMPT
+        c = st.correction or 1.0
+        if obs.ready and obs.itl_p90 is not None and obs.running >= obs.ready:
+            predicted = perf.decode_step_seconds(obs.running / obs.ready, context)
+            c = corrected(st.correction, obs.itl_p90, predicted) or 1.0
+        demand, st = ahead(st, now, sequences + upstream, ready_s, inputs.behavior.stabilization_seconds)
+        top = inputs.bounds[DECODE].max_replicas
+        need, itl, limit = size_decode(perf, c, demand, context, slo.itl_seconds, top)
+        attain = 1.0 if itl <= slo.itl_seconds else slo.itl_seconds / itl
+        st = replace(st, correction=c, predicted=round(attain, 4))
+        msg = (
+            f"slo: {obs.running:g} running + {upstream + (obs.waiting or 0):g} arriving, ~{context:.0f} tok each,"
+            f" demand {demand:.0f} -> {need} by {limit} (ITL {itl * 1000:.1f}ms of {slo.itl_seconds * 1000:g}ms;"
+            f" {learnt(c, attain, ready_s)})"
+        )
+        return need, msg, st

@@ -1,0 +1,129 @@
+"""The SLO policy's model of one replica: xpyd_perf's roofline as the prior, corrected online.
+
+No profiling before deployment: a pool's replica is priced from the model's shape and the GPUs the
+spec names (the same formulas as `xpyd plan` and the simulator), and a bounded, smoothed
+correction factor (observed latency / predicted latency) pulls it towards what the engines
+report. Pure arithmetic; the policy (slo) decides with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from xpyd_api.models import DisaggregatedDeploymentSpec
+from xpyd_operator.sizing import catalog_model, replica_fit_of
+from xpyd_perf import GpuSpec, ModelSpec, handoff_lanes, handoff_seconds, kv_bytes, prefill_seconds, step_seconds
+from xpyd_perf.hardware import RDMA
+
+CHUNK_TOKENS: Final = 8192  # vLLM's max_num_batched_tokens: one prefill step's tokens
+CORRECTION_BOUNDS: Final = (0.5, 4.0)  # the model is never believed off by more than this
+CORRECTION_ALPHA: Final = 0.3  # weight of a new sample in the smoothed correction
+MIN_UTILIZATION_TO_LEARN: Final = 0.05  # below it latency is noise around the idle floor
+
+
+@dataclass(frozen=True)
+class ReplicaPerf:
+    """One replica of a pool as the performance model prices it: `model` on `gpus` GPUs of `gpu`."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    gpus: int
+    kv_capacity_tokens: int
+    handoff_lanes: int = 1
+
+    def prefill_seconds(self, new_tokens: float) -> float:
+        """Time to compute `new_tokens` prompt tokens (cache misses), in chunks of one step each."""
+        tokens = max(1, int(new_tokens))
+        full, rest = divmod(tokens, CHUNK_TOKENS)
+        chunk = prefill_seconds(self.model, self.gpu, CHUNK_TOKENS, tp=self.gpus) if full else 0.0
+        return full * chunk + (prefill_seconds(self.model, self.gpu, rest, tp=self.gpus) if rest else 0.0)
+
+    def prefill_tokens_per_second(self) -> float:
+        """Prompt tokens/s one replica computes when its steps are full."""
+        return CHUNK_TOKENS / prefill_seconds(self.model, self.gpu, CHUNK_TOKENS, tp=self.gpus)
+
+    def decode_step_seconds(self, batch: float, context_per_seq: float) -> float:
+        """One decode step of `batch` sequences of `context_per_seq` tokens each (the ITL they see)."""
+        b = max(1, math.ceil(batch))
+        ctx = int(b * max(1.0, context_per_seq))
+        m = self.model
+        attn = 4.0 * m.layers * m.q_heads * m.attn_head_dim * ctx
+        return step_seconds(m, self.gpu, tp=self.gpus, tokens=b, attn_flops=attn, kv_tokens_read=ctx)
+
+    def handoff_seconds(self, prompt_tokens: float) -> float:
+        """Moving one prompt's KV cache from prefill to decode over RDMA (the worse path)."""
+        return handoff_seconds(kv_bytes(self.model, int(prompt_tokens)), RDMA, self.gpu, self.handoff_lanes)
+
+
+def replica_perfs(spec: DisaggregatedDeploymentSpec) -> dict[str, ReplicaPerf]:
+    """Each pool's replica as priced from the spec; a pool the model cannot price (topology Any, a model
+    outside the catalog without a config.json) is absent, and the policy sizes it by thresholds."""
+    topology = spec.topology.hardware
+    pools = spec.pools()
+    out: dict[str, ReplicaPerf] = {}
+    if topology is None:
+        return out
+    tps = [p.tp for p in pools.values()]
+    for role, pool in pools.items():
+        model, fit = catalog_model(spec, pool), replica_fit_of(spec, pool)
+        if model is None or fit is None or not fit.fits:
+            continue
+        gpus = max(1, pool.gpus_per_replica)
+        per_token = spec.model.kv_bytes_per_token or model.kv_bytes_per_token
+        capacity = int(fit.kv_room_bytes_per_gpu * gpus // max(1, per_token))
+        lanes = handoff_lanes(model, min(tps), max(tps))
+        out[role] = ReplicaPerf(model, topology.gpu, gpus, max(1, capacity), lanes)
+    return out
+
+
+def corrected(previous: float | None, observed: float | None, predicted: float | None) -> float | None:
+    """The correction after one sample: observed/predicted, smoothed, within CORRECTION_BOUNDS.
+
+    A missing or non-positive sample leaves it as it was (1.0, the bare model, until one arrives).
+    """
+    if observed is None or predicted is None or observed <= 0 or predicted <= 0:
+        return previous
+    low, high = CORRECTION_BOUNDS
+    sample = min(high, max(low, observed / predicted))
+    value = sample if previous is None else (1 - CORRECTION_ALPHA) * previous + CORRECTION_ALPHA * sample
+    return min(high, max(low, value))
+
+
+def waiting_quantile(service_s: float, utilization: float, q: float) -> float:
+    """The q-quantile of queueing delay before a request starts, for a server this busy.
+
+    M/M/1 tail: P(wait > t) = rho * exp(-(1 - rho) t / S); infinite at or past saturation.
+    """
+    if utilization <= 0:
+        return 0.0
+    if utilization >= 1:
+        return math.inf
+    tail = 1.0 - q
+    if utilization <= tail:
+        return 0.0
+    return service_s / (1.0 - utilization) * math.log(utilization / tail)
+
+
+def within_probability(service_s: float, utilization: float, budget_s: float) -> float:
+    """Share of requests whose service plus queueing fits `budget_s` (the same M/M/1 tail)."""
+    if budget_s < service_s:
+        return 0.0
+    if utilization <= 0:
+        return 1.0
+    if utilization >= 1:
+        return 0.0
+    return max(0.0, 1.0 - utilization * math.exp(-(1.0 - utilization) * (budget_s - service_s) / service_s))
+
+
+def trend(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope (per second) of (time, value) points; 0 with fewer than three."""
+    if len(points) < 3:
+        return 0.0
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return 0.0 if den <= 0 else sum((t - mt) * (v - mv) for t, v in points) / den
