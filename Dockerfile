@@ -14,6 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY operator/ operator/
 COPY router/ router/
 COPY emulator/ emulator/

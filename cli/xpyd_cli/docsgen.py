@@ -168,7 +168,7 @@ def spec_page() -> str:
         "applies later (the autoscaler's targets, a model's cache size) are in the descriptions and in\n"
         f"[configure.md]({_docs('configure.md')}), which explains each field.\n\n"
     )
-    return _header("Spec fields", "operator/xpyd_api/models.py") + intro + "\n".join(rows) + "\n"
+    return _header("Spec fields", "api/xpyd_api/models.py") + intro + "\n".join(rows) + "\n"
 
 
 # --- command-line flags, from each command's parser ----------------------------------------------------
@@ -435,7 +435,7 @@ def conditions_page() -> str:
         for type_, reasons in condition_reasons().items()
     ]
     intro = (
-        "The condition types of `status.conditions` (`operator/xpyd_api/conditions.py`) and every reason the operator\n"
+        "The condition types of `status.conditions` (`api/xpyd_api/conditions.py`) and every reason the operator\n"
         "and its autoscaler write into them, collected from their code. What each one means and what to do:\n"
         f"[operate.md]({_docs('operate.md')}#troubleshooting-by-condition).\n\n"
     )
@@ -524,7 +524,7 @@ def metrics_page() -> str:
     intro = (
         "xpyd's own Prometheus series: the router's (`/metrics` on its port), the operator's and its\n"
         "autoscaler's (`--metrics-port`). The engines' series xpyd reads are listed in\n"
-        f"`operator/xpyd_api/metric_names.py` and [operate.md]({_docs('operate.md')}#metrics).\n\n"
+        f"`api/xpyd_api/metric_names.py` and [operate.md]({_docs('operate.md')}#metrics).\n\n"
     )
     return _header("Metrics", "the router's, operator's and autoscaler's registries") + intro + "\n".join(rows) + "\n"
 

@@ -267,12 +267,22 @@ KV_DATA_PATH = RowSpec(
             ),
         ),
         PanelSpec(
+            "Ready workers per engine revision",
+            "What each router sees ready per engine revision and role: KV moves only within a revision, so "
+            "during an engine change each revision pairs on its own; pairable is the scarcer role's ready "
+            "workers summed over revisions (0 with workers in both roles: no revision has a pair).",
+            "short",
+            (
+                Query(f"max by (revision, role) ({m.own(m.ROUTER_REVISION_WORKERS)})", "{{revision}} {{role}}"),
+                Query(f"min({m.own(m.ROUTER_PAIRABLE)})", "pairable"),
+            ),
+        ),
+        PanelSpec(
             "Engine KV transfer time (p50, p99)",
             "vLLM's own NIXL transfer time per KV read, on the decode side (vllm:nixl_xfer_time_seconds, from "
             "0.11.1): what the router's handoff latency spends moving bytes, without queueing.",
             "s",
             _quantiles(m.KV_XFER_TIME_BUCKET),
-            width=24,
         ),
     ),
 )

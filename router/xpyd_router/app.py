@@ -58,7 +58,7 @@ def build_app(
         if config.warm_pairs:  # one tiny handoff per new prefill/decode pair (warmup.py)
             from xpyd_router.warmup import Warmup
 
-            warm = Warmup(pool, proxy.upstream, session, proxy.hops.handoff)
+            warm = Warmup(pool, proxy.upstream, session, proxy.hops.handoff, metrics=metrics)
             pool.on_ready = warm.ready
         # Every worker, static or discovered, answers /health before its first request.
         for worker in pool.workers.values():

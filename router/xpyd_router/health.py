@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 
 import aiohttp
+from prometheus_client import Gauge
 
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.model import WORKER_ROLES
@@ -88,7 +89,7 @@ class HealthChecker:
 
 
 def publish(pool: WorkerPool, metrics: RouterMetrics) -> None:
-    """The xpyd_router_workers gauges by role and state."""
+    """The xpyd_router_workers gauges by role and state, and the ready workers per engine revision."""
     for role in WORKER_ROLES:
         members = [w for w in pool.workers.values() if w.role == role]
         ready = sum(1 for w in members if w.healthy and not w.draining)
@@ -96,6 +97,28 @@ def publish(pool: WorkerPool, metrics: RouterMetrics) -> None:
         metrics.workers.labels(metrics.deployment, role, "ready").set(ready)
         metrics.workers.labels(metrics.deployment, role, "draining").set(draining)
         metrics.workers.labels(metrics.deployment, role, "unhealthy").set(len(members) - ready - draining)
+    by_rev = revisions(pool)
+    for rev, roles in by_rev.items():
+        for side, n in roles.items():
+            metrics.revision_workers.labels(metrics.deployment, rev, side).set(n)
+    for labels in _label_sets(metrics.revision_workers):  # a revision no worker runs any more: its series go
+        if labels[1] not in by_rev:
+            metrics.revision_workers.remove(*labels)
+    metrics.pairable.labels(metrics.deployment).set(sum(min(roles.values()) for roles in by_rev.values()))
+
+
+def revisions(pool: WorkerPool) -> dict[str, dict[str, int]]:
+    """Engine revision -> prefill and decode -> ready workers ("" is a static worker's: it pairs with any)."""
+    out: dict[str, dict[str, int]] = {}
+    for w in pool.workers.values():
+        if w.role in ("prefill", "decode") and w.healthy and not w.draining:
+            out.setdefault(w.rev, {"prefill": 0, "decode": 0})[w.role] += 1
+    return out
+
+
+def _label_sets(gauge: Gauge) -> list[tuple[str, ...]]:
+    """The label values of the series a labelled gauge holds (prometheus_client keeps no public list)."""
+    return [tuple(s.labels[k] for k in ("deployment", "revision", "role")) for m in gauge.collect() for s in m.samples]
 
 
 async def health_loop(checker: HealthChecker, metrics: RouterMetrics, interval: float) -> None:

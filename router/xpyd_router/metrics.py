@@ -207,6 +207,27 @@ class RouterMetrics:
             "Routing targets known (a worker, or each data-parallel rank of a vLLM replica), by role and state.",
             ["deployment", "role", "state"], registry=r,
         )  # fmt: skip
+        self.revision_workers = Gauge(
+            names.ROUTER_REVISION_WORKERS,
+            "Ready workers per engine revision (pod label xpyd.io/engine-rev) and role: KV moves only within "
+            "one revision, so a revision pairs where both roles have one (two revisions while an engine change rolls).",
+            ["deployment", "revision", "role"], registry=r,
+        )  # fmt: skip
+        self.pairable = Gauge(
+            names.ROUTER_PAIRABLE,
+            "Ready workers of the scarcer role (prefill or decode) summed over engine revisions: the prefill/decode "
+            "capacity the router can pair; 0 with ready workers in both roles means no revision has both.",
+            ["deployment"], registry=r,
+        )  # fmt: skip
+        self.pair_warmups = Counter(
+            names.ROUTER_PAIR_WARMUPS,
+            "Warm-up handoffs (one tiny request per new prefill/decode pair, so no client pays a first NIXL "
+            "handshake) by outcome: done, failed, timeout, skipped. The engines count their KV transfers.",
+            ["deployment", "outcome"], registry=r,
+        )  # fmt: skip
+        self.pair_warmups_running = Gauge(
+            names.ROUTER_PAIR_WARMUPS_RUNNING, "Warm-up handoffs in flight.", ["deployment"], registry=r,
+        )  # fmt: skip
         self.inflight = Gauge(
             names.ROUTER_INFLIGHT, "Client requests in flight.", ["deployment"], registry=r,
         )  # fmt: skip

@@ -6,8 +6,9 @@ when the pool learns a worker is up (its first passing probe and scrape, or its 
 down), the router runs the engine's own handoff (xpyd_router.handoff: NIXL's two hops, SGLang's room)
 for a one-token prompt over each pair the worker makes with the ready workers of the other role and
 its engine revision. In the background, `concurrency` at a time, `timeout` seconds each; nothing is
-counted as client traffic (no request, hop, pair or breaker series; the engines count it as theirs)
-and a failure is one log line, not a pair failure. `xpyd router --no-warm-pairs` turns it off.
+counted as client traffic (no request, hop, pair or breaker series; the engines count it as theirs;
+its own are xpyd_router_pair_warmups_total by outcome and ..._running) and a failure is one log line,
+not a pair failure. `xpyd router --no-warm-pairs` turns it off.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from xpyd_router.handoff import Handoff, HopFailed
 from xpyd_router.http.messages import Answer, Reply
 from xpyd_router.http.replies import BadReply
 from xpyd_router.http.upstream import Upstream, UpstreamError
+from xpyd_router.metrics import RouterMetrics
 from xpyd_router.pool import WorkerPool
 from xpyd_router.targets import split_target
 
@@ -78,8 +80,10 @@ class Warmup:
         handoff: Handoff,
         concurrency: int = 4,
         timeout: float = 30.0,
+        metrics: RouterMetrics | None = None,
     ) -> None:
         self.pool, self.session, self.handoff, self.timeout = pool, session, handoff, timeout
+        self.metrics = metrics
         self.legs = _Legs(upstream)
         self._slots = asyncio.Semaphore(concurrency)
         self._running: set[tuple[str, str]] = set()
@@ -106,10 +110,15 @@ class Warmup:
             task.add_done_callback(self._tasks.discard)
 
     async def _warm(self, prefill: str, decode: str) -> None:
+        outcome = "done"
+        running = self.metrics.pair_warmups_running.labels(self.metrics.deployment) if self.metrics else None
+        if running is not None:
+            running.inc()
         try:
             async with self._slots, asyncio.timeout(self.timeout):
                 model = self.model or await self._model(prefill)
                 if model is None:
+                    outcome = "skipped"
                     log.info("pair warm-up %s -> %s skipped: no model listed at /v1/models", prefill, decode)
                     return
                 body = {"model": model, "prompt": PROMPT, "max_tokens": 1, "stream": False}
@@ -117,11 +126,19 @@ class Warmup:
                 self.warmed += 1
                 log.info("pair warm-up %s -> %s done", prefill, decode)
         except HopFailed as exc:
+            outcome = "failed"
             log.info("pair warm-up %s -> %s failed: %s", prefill, decode, exc.detail)
         except TimeoutError:
+            outcome = "timeout"
             log.info("pair warm-up %s -> %s timed out after %g s", prefill, decode, self.timeout)
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             self._running.discard((prefill, decode))
+            if self.metrics is not None and running is not None:
+                running.dec()
+                self.metrics.pair_warmups.labels(self.metrics.deployment, outcome).inc()
 
     async def _model(self, worker: str) -> str | None:
         try:

@@ -180,13 +180,21 @@ def test_nixl_transfer_per_request(real_stack: Any) -> None:
     def handoffs() -> float:
         return metric_sum(scrape(real_stack.router), "xpyd_router_kv_handoffs_total")
 
+    def warmups() -> float:
+        """The router's warm-up handoffs, once none is in flight: a worker back from a slow spell is warmed
+        again, and that transfer is the engine's too."""
+        assert wait_for(lambda: metric_sum(scrape(real_stack.router), "xpyd_router_pair_warmups_running") == 0, 60)
+        return metric_sum(scrape(real_stack.router), "xpyd_router_pair_warmups_total")
+
     failed = metric_sum(scrape(real_stack.decode), "vllm:nixl_num_failed_transfers_total")
     for i in range(2):
-        before, hops = settled(), handoffs()
+        warm, before, hops = warmups(), settled(), handoffs()
         completion(real_stack, prompt=f"{i} {LONG_PROMPT} request {time.time_ns()}", max_tokens=2)
         assert wait_for(lambda b=before: count() > b, timeout=15.0), "no NIXL transfer counted"
         after = settled()
-        assert after == before + 1, f"{realvllm.NIXL_XFER_COUNT}: {before} -> {after} after one P/D request"
+        extra = warmups() - warm  # after the count settled: a warm-up it holds is in here too
+        moved = f"{realvllm.NIXL_XFER_COUNT}: {before} -> {after} after one P/D request and {extra:g} warm-ups"
+        assert before + 1 <= after <= before + 1 + extra, moved
         assert handoffs() == hops + 1
     assert metric_sum(scrape(real_stack.decode), "vllm:nixl_num_failed_transfers_total") == failed
 
