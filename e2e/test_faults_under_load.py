@@ -146,6 +146,35 @@ def test_engine_upgrade_moves_both_pools_in_step_and_loses_nothing(dd: Any, op_k
     assert min(pairs) >= 1, seen  # some revision had a ready prefill and a ready decode pod at every look
 
 
+def progressing(kube: Kube, ns: str, name: str) -> str:
+    status = kube.get_dd(ns, name).get("status") or {}
+    return next((c["reason"] for c in status.get("conditions") or [] if c["type"] == "Progressing"), "")
+
+
+def test_a_crash_looping_engine_revision_is_rolled_back_and_loses_nothing(
+    dd: Any, op_kube: Kube, op_namespace: str
+) -> None:
+    """A new engine revision whose pods cannot start (here: a misspelt engine flag the emulator refuses, as
+    vLLM's argparse would) goes back to the old templates; the old pods serve throughout."""
+    name = "badrev"
+    dd(name, engine={"image": OLD}, prefill={"replicas": 1, "gpusPerReplica": 2},
+       decode={"replicas": 2, "gpusPerReplica": 2})  # fmt: skip
+    url = serving(op_kube, op_namespace, name, "1P2D")
+    bad = {"engine": {"image": NEW, "args": ["--max-num-seqz", "8"]}}
+    load = Load(url, MODEL, rate=8, seconds=max(SECONDS, 30), max_tokens=400)
+    tally, fault_at = asyncio.run(run_load(load, patch_spec(op_kube, op_namespace, name, bad), at_s=5))
+    started = time.monotonic()
+    wait_for(lambda: progressing(op_kube, op_namespace, name) == "EngineRevisionRolledBack", 240, what="a rollback")
+    wait_for(lambda: images(op_kube, op_namespace, name, "prefill") == {OLD: 1}, 120, what="prefill on the old engine")
+    wait_for(lambda: images(op_kube, op_namespace, name, "decode") == {OLD: 2}, 120, what="decode on the old engine")
+    back = time.monotonic() - started + load.seconds - 5
+    note = f"rolled back; the old pods served throughout, all on the old revision {back:.0f} s after the edit"
+    record("engine upgrade to a crash-looping revision under load", tally, fault_at, note)
+    assert_nothing_lost(tally, fault_at)
+    by_rev = ready_by_revision(op_kube, op_namespace, name)
+    assert len(by_rev) == 1 and next(iter(by_rev.values())) == {"prefill": 1, "decode": 2}, by_rev
+
+
 def cluster(action: str, component: str) -> None:
     """`xpyd cluster stop|start COMPONENT` (the local cluster's own command)."""
     subprocess.run([str(XPYD), "cluster", action, component], check=True, capture_output=True, timeout=150)
