@@ -15,6 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api/ api/
+COPY httpkit/ httpkit/
 COPY operator/ operator/
 COPY router/ router/
 COPY emulator/ emulator/

@@ -318,7 +318,8 @@ def test_prometheus_scrapes_the_real_metrics_and_the_autoscaler_reads_them(deplo
 
 def test_scaling_prefill_down_under_load_loses_nothing(deployed: Deployed) -> None:
     """Three clients keep the router busy while prefill goes 2 -> 1, the pod removed still taking prompts when it
-    goes (its drain hook runs first); every request sent gets a whole answer, each one read over NIXL."""
+    goes (its drain hook runs first); every request sent gets a whole answer, read over NIXL unless its prefill
+    worker was out and decode computed it."""
     decode = deployed.urls("decode")[0]
     page, decode_page = scrape(deployed.router), scrape(decode)
     counts = asyncio.run(scale_down_under_load(deployed))
@@ -326,13 +327,21 @@ def test_scaling_prefill_down_under_load_loses_nothing(deployed: Deployed) -> No
     assert counts["sent"] >= 10 and counts["ok"] == counts["sent"] and counts["failed"] == 0, counts
     assert counts["served_by_removed"] >= 1 and counts["sent_after"] >= 1, counts
     assert deployed.ready("prefill") == 1
-    handed_off = metric_sum(scrape(deployed.router), names.ROUTER_KV_HANDOFFS) - metric_sum(
-        page, names.ROUTER_KV_HANDOFFS
-    )
-    assert handed_off >= counts["sent"], f"{handed_off} handoffs for {counts}"
+    end = scrape(deployed.router)
+
+    def grew(name: str, **labels: str) -> float:
+        return metric_sum(end, name, **labels) - metric_sum(page, name, **labels)
+
+    handed_off = grew(names.ROUTER_KV_HANDOFFS)
+    # A request whose prefill worker was out for a moment (a CPU engine answering its scrapes late) goes
+    # straight to decode, which computes the prompt itself: answered, with no handoff. Every other one is
+    # handed off, and each handoff is a NIXL read on the decode engine.
+    direct = grew(names.ROUTER_DECISIONS, role="decode") - grew(names.ROUTER_DECISIONS, role="prefill")
+    assert handed_off + direct >= counts["sent"], f"{handed_off} handoffs and {direct} straight to decode for {counts}"
+    assert handed_off >= counts["sent"] / 2, f"{handed_off} handoffs for {counts}"
     after = scrape(decode)
     reads = metric_sum(after, NIXL_READS) - metric_sum(decode_page, NIXL_READS)
-    assert reads >= counts["sent"], f"{reads} NIXL reads for {counts}"
+    assert reads >= handed_off, f"{reads} NIXL reads for {handed_off} handoffs"
     assert metric_sum(after, NIXL_FAILED) == metric_sum(decode_page, NIXL_FAILED), "NIXL transfers failed"
 
 
@@ -343,7 +352,8 @@ def served(url: str) -> float:
 
 async def scale_down_under_load(stack: Deployed, clients: int = 3, limit: int = 80) -> dict[str, Any]:
     """Closed-loop clients through the router; prefill patched 2 -> 1 once the pod to go (the StatefulSet's last)
-    has finished some of this load's prompts; the load runs on 10 s after that pod is gone."""
+    has finished some of this load's prompts; the load runs on until each client has sent a request after that
+    pod is gone."""
     counts: dict[str, Any] = {"sent": 0, "ok": 0, "failed": 0, "errors": {}, "sent_after": 0}
     stop, gone = asyncio.Event(), asyncio.Event()
     pod = find_json("pod", f"{NAME}-prefill-1", "-n", stack.ns) or {}
@@ -377,7 +387,9 @@ async def scale_down_under_load(stack: Deployed, clients: int = 3, limit: int = 
             await asyncio.to_thread(kubectl, "patch", "dd", NAME, "-n", stack.ns, "--type", "merge", "-p", patch)
             await wait_until("prefill at one pod", lambda: len(stack.urls("prefill")) == 1, 180)
             gone.set()
-            await asyncio.sleep(10)  # and a little more traffic on the pool that is left
+            # and a little more traffic on the pool that is left: a CPU engine's answer can take longer than
+            # any fixed pause, so wait for requests sent after the pod went (each client's next one)
+            await wait_until("requests sent after the pod went", lambda: counts["sent_after"] >= clients, 180)
         finally:
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 200)

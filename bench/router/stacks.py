@@ -66,8 +66,8 @@ with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
 SERVERS = {
     "xpyd_router.http.server (httptools)": """
         import asyncio, uvloop
-        from xpyd_router.http.messages import Reply
-        from xpyd_router.http.server import Server
+        from xpyd_http.messages import Reply
+        from xpyd_http.server import Server
         async def h(request):
             await request.read()
             return Reply(200, PAYLOAD)

@@ -12,7 +12,8 @@ XPYD_MAX_BODY_MB, XPYD_MAX_CONNECTIONS, each with an `xpyd emulate` flag).
 
 Routes: /v1/models, /v1/completions, /v1/chat/completions (SSE as vLLM streams it), /health
 (503 when draining or wedged), /ping, /version, /metrics (vLLM metric names), /reset_prefix_cache.
-Errors are vLLM's {"error": {message, type, param, code}}.
+Errors are vLLM's {"error": {message, type, param, code}}. Every port serves on the router's
+HTTP/1.1 listener (xpyd_http), within the limits listener.py gives it.
 
 Tokens are 4 characters of prompt text (or one id of a token-id prompt); the prefix cache
 hashes full 16-token blocks with chained hashes. Generated text is a deterministic filler of

@@ -15,12 +15,16 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from xpyd_emulator.errors import ApiError
+from xpyd_emulator.listener import Limits, make_server
 from xpyd_emulator.peers import MAX_ROOM, Bootstrap, PeerPolicy, url_host
+from xpyd_http.messages import Reply, Request
+from xpyd_http.server import Server
 
 ROOM_PATH = "/xpyd/bootstrap/room/{room}"
+ROOM_PREFIX = ROOM_PATH.partition("{")[0]
+BOOTSTRAP_MAX_BODY = 4096
 
 
 @dataclass(slots=True)
@@ -74,18 +78,24 @@ class RoomTable:
         return len(gone)
 
 
-def bootstrap_app(rooms: RoomTable, peers: PeerPolicy) -> web.Application:
+def bootstrap_server(rooms: RoomTable, peers: PeerPolicy, limits: Limits) -> Server:
     """The prefill's bootstrap server (SGLang's --disaggregation-bootstrap-port), for allowed peers only."""
 
-    def reply(status: int, message: str) -> web.Response:
-        return web.Response(status=status, body=ApiError(message, status).body(), content_type="application/json")
+    def reply(status: int, message: str) -> Reply:
+        return Reply(status, ApiError(message, status).body())
 
-    async def room(request: web.Request) -> web.Response:
+    async def room(request: Request) -> Reply:
+        """GET ROOM_PATH (the server's fallback: the path holds the room)."""
+        number_text = request.path.removeprefix(ROOM_PREFIX)
+        if number_text == request.path or not number_text or "/" in number_text:
+            raise ApiError(f"no route {request.method} {request.path[:100]}", status=404)
+        if request.method not in ("GET", "HEAD"):
+            raise ApiError(f"{request.method} is not allowed on {request.path[:100]}; use GET.", status=405)
         remote = request.remote or ""
         if not peers.allows(remote):
             return reply(403, f"{remote} is not a KV peer of this worker")
         try:
-            number = int(request.match_info["room"])
+            number = int(number_text)
             timeout = float(request.query.get("timeout", "30"))
         except ValueError:
             return reply(400, "room and timeout must be numbers")
@@ -94,11 +104,9 @@ def bootstrap_app(rooms: RoomTable, peers: PeerPolicy) -> web.Application:
         info = await rooms.claim(number, timeout)
         if info is None:
             return reply(404, f"bootstrap room {number} never prefilled")
-        return web.json_response(info)
+        return Reply(200, orjson.dumps(info))
 
-    app = web.Application(client_max_size=4096)
-    app.router.add_get(ROOM_PATH, room)
-    return app
+    return make_server({}, limits, max_body=BOOTSTRAP_MAX_BODY, fallback=room)
 
 
 async def wait_room(session: aiohttp.ClientSession, where: Bootstrap, wait_seconds: float) -> dict[str, Any]:

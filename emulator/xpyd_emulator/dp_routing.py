@@ -22,8 +22,9 @@ HEADER = "X-data-parallel-rank"
 
 
 def header_rank(headers: Mapping[str, str]) -> int | None:
-    """The rank a request names in its header, or None (absent or not an integer: vLLM ignores it)."""
-    text = headers.get(HEADER)
+    """The rank a request names in its header (`headers`' names in lower case, as xpyd_http reads them),
+    or None (absent or not an integer: vLLM ignores it)."""
+    text = headers.get(HEADER.lower())
     if text is None:
         return None
     try:

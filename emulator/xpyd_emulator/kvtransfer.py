@@ -18,11 +18,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from xpyd_emulator.errors import ApiError, error_body
+from xpyd_emulator.listener import Limits, make_server
 from xpyd_emulator.peers import MAX_BLOCK_ID, PeerPolicy, RemoteKv, url_host
 from xpyd_emulator.prefix_cache import BlockPool
+from xpyd_http.messages import Reply, Request
+from xpyd_http.server import Server
 
 PULL_PATH = "/xpyd/kv/pull"
 _ID_SPACE = 1 << 31
@@ -87,16 +89,17 @@ class LeaseTable:
         return len(gone)
 
 
-def _reply(status: int, message: str) -> web.Response:
-    return web.Response(status=status, body=error_body(message, status), content_type="application/json")
+def _reply(status: int, message: str) -> Reply:
+    return Reply(status, error_body(message, status))
 
 
-def side_channel_app(
-    leases: LeaseTable, peers: PeerPolicy, body_timeout: float = 10.0, handshake: dict[str, Any] | None = None
-) -> web.Application:
-    """The side-channel HTTP app a decode pulls blocks from (allowed peers only); `handshake` rides on each answer."""
+def side_channel_server(
+    leases: LeaseTable, peers: PeerPolicy, limits: Limits, handshake: dict[str, Any] | None = None
+) -> Server:
+    """The side channel a decode pulls blocks from (allowed peers only); `handshake` rides on each answer."""
+    body_timeout = limits.body_timeout
 
-    async def pull(request: web.Request) -> web.Response:
+    async def pull(request: Request) -> Reply:
         remote = request.remote or ""
         if not peers.allows(remote):
             return _reply(403, f"{remote} is not a KV peer of this worker")
@@ -119,11 +122,9 @@ def side_channel_app(
             lease = leases.release(body["engine_id"], ids)
         except LookupError as exc:
             return _reply(404, str(exc))
-        return web.json_response({"blocks": lease.blocks, "tokens": lease.tokens, "handshake": handshake or {}})
+        return Reply(200, orjson.dumps({"blocks": lease.blocks, "tokens": lease.tokens, "handshake": handshake or {}}))
 
-    app = web.Application(client_max_size=SIDE_CHANNEL_MAX_BODY)
-    app.router.add_post(PULL_PATH, pull)
-    return app
+    return make_server({("POST", PULL_PATH): pull}, limits, max_body=SIDE_CHANNEL_MAX_BODY)
 
 
 async def pull_blocks(session: aiohttp.ClientSession, remote: RemoteKv) -> tuple[int, dict[str, Any]]:

@@ -19,12 +19,12 @@ import os
 import signal
 from collections.abc import Mapping
 
-from aiohttp import web
-
 from xpyd_emulator.cmdline import EmulatorConfig
-from xpyd_emulator.httpguard import GuardedSite, Limits, connection_cap, guard_middleware
 from xpyd_emulator.kv_relay import KvEventRelay, relayed
+from xpyd_emulator.listener import BACKLOG, Limits, connection_cap, make_server
 from xpyd_emulator.ranks import Identity, RankExit, join_leader, resolve, stay_joined
+from xpyd_http.messages import Reply, Request
+from xpyd_http.server import Server
 
 log = logging.getLogger("xpyd.emulator")
 
@@ -36,23 +36,19 @@ def identity(cfg: EmulatorConfig, rank: int | None = None) -> Identity:
     return Identity(rank, group.nodes, cfg.engine, cfg.model, cfg.layout.world, cfg.nvlink_domain)
 
 
-async def _ok(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+async def _ok(request: Request) -> Reply:
+    return Reply(200, b"", "application/octet-stream")
 
 
-async def _dummy_health(cfg: EmulatorConfig) -> web.AppRunner:
-    app = web.Application(middlewares=[guard_middleware])
-    app.router.add_get("/health", _ok)
-    app.router.add_get("/health_generate", _ok)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
+async def _dummy_health(cfg: EmulatorConfig) -> Server:
     limits = Limits(cfg.header_timeout, cfg.body_timeout, cfg.max_body_bytes, connection_cap(cfg.max_connections))
+    server = make_server({("GET", "/health"): _ok, ("GET", "/health_generate"): _ok}, limits)
     try:
-        await GuardedSite(runner, cfg.host, cfg.port, limits).start()
+        await server.listen(cfg.host, cfg.port, backlog=BACKLOG)
     except BaseException:
-        await runner.cleanup()
+        await server.close(1.0)
         raise
-    return runner
+    return server
 
 
 def hosted_ranks(cfg: EmulatorConfig) -> range:
@@ -113,7 +109,7 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
         link = await join_leader(group.leader_host, group.leader_port, me, env, cfg.join_timeout)
         return RankExit("joined", 0)
 
-    runner: web.AppRunner | None = None
+    health: Server | None = None
     relay: KvEventRelay | None = None
     try:
         ended = await _first(asyncio.create_task(join()), stop)
@@ -125,7 +121,7 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
         log.info("rank %d joined its leader", group.rank)
         relay = start_relay(cfg, env)
         if cfg.engine == "sglang":
-            runner = await _dummy_health(cfg)
+            health = await _dummy_health(cfg)
         ended = await _first(asyncio.create_task(stay_joined(*link, cfg.heartbeat_timeout)), stop)
         if ended is None:
             log.info("stopping on a signal; the leader will count this rank lost")
@@ -136,8 +132,8 @@ async def run_rank(cfg: EmulatorConfig, stop: asyncio.Event | None = None, env: 
             link[1].close()
         if relay is not None:
             await asyncio.to_thread(relay.close)
-        if runner is not None:
-            await runner.cleanup()
+        if health is not None:
+            await health.close(1.0)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -1,4 +1,4 @@
-"""The aiohttp app (vLLM's OpenAI routes, /health, /metrics) and the process's life: serve, then drain.
+"""vLLM's OpenAI routes, /health and /metrics on the listener (listener.py), and the process's life: serve, then drain.
 
 On SIGTERM (or `stop`) /health turns 503 at once, so the router and the kubelet stop sending;
 new requests get 503, except decode hops whose KV a prefill already holds for this worker.
@@ -15,24 +15,25 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+import orjson
 
-from xpyd_emulator.bootstrap import bootstrap_app
+from xpyd_emulator.bootstrap import bootstrap_server
 from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.dp_routing import header_rank
 from xpyd_emulator.engine import Sequence
 from xpyd_emulator.errors import ApiError
-from xpyd_emulator.httpguard import GuardedSite, guard_middleware, json_error, read_body
-from xpyd_emulator.kvtransfer import side_channel_app
+from xpyd_emulator.kvtransfer import side_channel_server
+from xpyd_emulator.listener import BACKLOG, Handler, json_error, make_server, read_body
 from xpyd_emulator.peers import SGLANG_BOOTSTRAP_PORT
 from xpyd_emulator.protocol import DONE, ParsedRequest, SseFormat, full_response, parse_request, usage
 from xpyd_emulator.tokens import filler
 from xpyd_emulator.worker import Worker
+from xpyd_http.messages import Answer, Reply, Request, Stream
+from xpyd_http.server import Server
 
 log = logging.getLogger("xpyd.emulator")
-WORKER: web.AppKey[Worker] = web.AppKey("worker", Worker)
-_JSON = "application/json"
 # Tokens of steps shorter than this (high --speedup) are coalesced into one write, as vLLM's
 # --stream-interval does; a stream's first token is always written at once.
 FLUSH_SECONDS = 0.001
@@ -47,9 +48,19 @@ async def _wait(seq: Sequence) -> None:
         seq.event.clear()
 
 
-async def _stream(request: web.Request, req: ParsedRequest, seq: Sequence) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await resp.prepare(request)
+async def _stream(worker: Worker, request: Request, req: ParsedRequest, seq: Sequence) -> Stream:
+    resp = request.stream({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.start()
+    try:
+        await _relay(worker, resp, req, seq)
+    except ConnectionError as exc:  # the client went away: its connection is gone
+        log.debug("client of a stream went away: %s", exc)
+    except Exception:  # the answer is under way: no error reply now, the unfinished stream closes the connection
+        log.exception("500 in the stream of %s %s", request.method, request.path)
+    return resp
+
+
+async def _relay(worker: Worker, resp: Stream, req: ParsedRequest, seq: Sequence) -> None:
     fmt = SseFormat(req)
     out = [fmt.role()] if req.chat else []
     sent = 0
@@ -75,18 +86,16 @@ async def _stream(request: web.Request, req: ParsedRequest, seq: Sequence) -> we
         out.append(b"data: " + ApiError(ENGINE_STOPPED, 500).body() + b"\n\n" + DONE)
         await resp.write(b"".join(out))
         await resp.write_eof()
-        return resp
+        return
     if req.include_usage:
         out.append(fmt.usage(usage(seq.prompt, seq.generated, seq.cached)))
     out.append(DONE)
-    request.app[WORKER].rank_metrics[seq.rank].success[req.finish_reason] += 1
+    worker.rank_metrics[seq.rank].success[req.finish_reason] += 1
     await resp.write(b"".join(out))
     await resp.write_eof()
-    return resp
 
 
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
-    worker = request.app[WORKER]
+async def _generate(worker: Worker, request: Request, chat: bool) -> Answer:
     cfg = worker.cfg
     seq: Sequence | None = None
     delivered = False
@@ -101,8 +110,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         req.data_parallel_rank = header_rank(request.headers)
         seq = await worker.admit(req)
         if req.stream:
-            stream = await _stream(request, req, seq)
-            delivered = True
+            stream = await _stream(worker, request, req, seq)
+            delivered = stream.finished
             return stream
         await _wait(seq)
         if seq.aborted:
@@ -111,78 +120,86 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         body = full_response(req, filler(0, seq.generated), req.finish_reason, use, worker.kv_params(seq))
         worker.rank_metrics[seq.rank].success[req.finish_reason] += 1
         delivered = True
-        return web.Response(body=body, content_type=_JSON)
+        return Reply(200, body)
     finally:
         worker.inflight -= 1
         worker.finish(seq, delivered)
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=False)
+async def completions(worker: Worker, request: Request) -> Answer:
+    return await _generate(worker, request, chat=False)
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=True)
+async def chat_completions(worker: Worker, request: Request) -> Answer:
+    return await _generate(worker, request, chat=True)
 
 
-async def models(request: web.Request) -> web.Response:
-    worker = request.app[WORKER]
+async def models(worker: Worker, request: Request) -> Reply:
     data: list[dict[str, object]] = [
         {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
          "root": worker.cfg.model, "parent": None, "max_model_len": worker.max_model_len, "permission": []}
         for name in worker.cfg.served_model_names
     ]  # fmt: skip
-    return web.json_response({"object": "list", "data": data})
+    return Reply(200, orjson.dumps({"object": "list", "data": data}))
 
 
-async def health(request: web.Request) -> web.Response:
+def empty() -> Reply:
+    """200 with no body (vLLM's /health, /reset_prefix_cache)."""
+    return Reply(200, b"", "application/octet-stream")
+
+
+async def health(worker: Worker, request: Request) -> Reply:
     """200 when the engine takes traffic; 503 once draining (SIGTERM) or when the engine is wedged."""
-    problem = request.app[WORKER].problem()
-    return json_error(ApiError(problem, 503)) if problem else web.Response(status=200)
+    problem = worker.problem()
+    return json_error(ApiError(problem, 503)) if problem else empty()
 
 
-async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": "0.11.0+xpyd.emulator"})
+async def version(worker: Worker, request: Request) -> Reply:
+    return Reply(200, orjson.dumps({"version": "0.11.0+xpyd.emulator"}))
 
 
-async def metrics(request: web.Request) -> web.Response:
-    worker = request.app[WORKER]
+async def metrics(worker: Worker, request: Request) -> Reply:
     if not worker.cfg.metrics:  # SGLang without --enable-metrics has no such route
         raise ApiError(f"no route {request.method} {request.path[:100]}", status=404)
-    return web.Response(text=worker.render_metrics(), content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus-Format": "0.0.4"})  # fmt: skip
+    return Reply(200, worker.render_metrics().encode(), "text/plain; charset=utf-8",
+                 (("X-Prometheus-Format", "0.0.4"),))  # fmt: skip
 
 
-async def reset_prefix_cache(request: web.Request) -> web.Response:
-    worker = request.app[WORKER]
+async def reset_prefix_cache(worker: Worker, request: Request) -> Reply:
     worker.pool.reset()
     worker.engine.flush_events()  # AllBlocksCleared, as vLLM reports a reset
-    return web.Response(status=200)
+    return empty()
 
 
-async def not_found(request: web.Request) -> web.Response:
+async def not_found(request: Request) -> Reply:
     method = ROUTES.get(request.path)
     if method is not None:
         raise ApiError(f"{request.method} is not allowed on {request.path[:100]}; use {method}.", status=405)
     raise ApiError(f"no route {request.method} {request.path[:100]}", status=404)
 
 
-def build_app(worker: Worker) -> web.Application:
-    app = web.Application(client_max_size=worker.limits.max_body_bytes, middlewares=[guard_middleware])
-    app[WORKER] = worker
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ping", health)
-    app.router.add_get("/version", version)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
-    app.router.add_route("*", "/{tail:.*}", not_found)
-    return app
+WorkerHandler = Callable[[Worker, Request], Awaitable[Answer]]
+HANDLERS: dict[str, WorkerHandler] = {
+    "/v1/completions": completions, "/v1/chat/completions": chat_completions, "/v1/models": models,
+    "/health": health, "/ping": health, "/version": version, "/metrics": metrics,
+    "/reset_prefix_cache": reset_prefix_cache,
+}  # fmt: skip
 
 
-SHUTDOWN_SECONDS = 2.0  # after the drain: how long aiohttp waits for handlers still running
+def _bound(handler: WorkerHandler, worker: Worker) -> Handler:
+    async def serve(request: Request) -> Answer:
+        return await handler(worker, request)
+
+    return serve
+
+
+def build_server(worker: Worker) -> Server:
+    """The API port's listener: the routes above, within the worker's limits."""
+    routes = {(ROUTES[path], path): _bound(handler, worker) for path, handler in HANDLERS.items()}
+    return make_server(routes, worker.limits, fallback=not_found)
+
+
+SHUTDOWN_SECONDS = 2.0  # after the drain: how long the listeners wait for handlers still running
 
 
 async def _drain(worker: Worker, seconds: float, force: asyncio.Event) -> None:
@@ -220,29 +237,26 @@ async def serve(
             loop.add_signal_handler(sig, on_signal)
     worker = worker or Worker(cfg)
     await worker.start()
-    apps = [(build_app(worker), cfg.host, cfg.port)]
+    sites = [(build_server(worker), cfg.host, cfg.port)]
     if worker.connector:
-        side = side_channel_app(worker.leases, worker.peers, cfg.body_timeout, worker.handshake())
-        apps.append((side, cfg.side_channel_host, cfg.side_channel_port))
+        side = side_channel_server(worker.leases, worker.peers, worker.limits, worker.handshake())
+        sites.append((side, cfg.side_channel_host, cfg.side_channel_port))
     if worker.bootstrap_server:
-        apps.append((bootstrap_app(worker.rooms, worker.peers), cfg.host, cfg.bootstrap_port or SGLANG_BOOTSTRAP_PORT))
-    runners: list[web.AppRunner] = []
+        sites.append((bootstrap_server(worker.rooms, worker.peers, worker.limits), cfg.host,
+                      cfg.bootstrap_port or SGLANG_BOOTSTRAP_PORT))  # fmt: skip
+    listening: list[Server] = []
     try:
-        for app, host, port in apps:
-            if guard_middleware not in app.middlewares:
-                app.middlewares.append(guard_middleware)
-            runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_SECONDS)
-            await runner.setup()
-            runners.append(runner)
-            await GuardedSite(runner, host, port, worker.limits).start()
+        for server, host, port in sites:
+            listening.append(server)
+            await server.listen(host, port, backlog=BACKLOG)
         gpus = cfg.layout.world if worker.wide else cfg.tp
         log.info("emulating %s (%s x%d, %d KV blocks) on %s:%d; KV peers %s", cfg.model, worker.gpu.name, gpus,
                  worker.pool.num_blocks, cfg.host, cfg.port, worker.peers.describe())  # fmt: skip
         await stop.wait()
         await _drain(worker, cfg.drain_seconds if drain_seconds is None else drain_seconds, force)
     finally:
-        for runner in reversed(runners):
-            await runner.cleanup()
+        for server in reversed(listening):
+            await server.close(SHUTDOWN_SECONDS)
         await worker.stop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             for sig in (signal.SIGTERM, signal.SIGINT):

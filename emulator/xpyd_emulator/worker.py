@@ -26,10 +26,10 @@ from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.dp_routing import check_rank
 from xpyd_emulator.engine import Engine, Sequence
 from xpyd_emulator.errors import ApiError
-from xpyd_emulator.httpguard import Limits, connection_cap
 from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.kvtransfer import LeaseTable, pull_blocks
 from xpyd_emulator.leader import GroupLeader
+from xpyd_emulator.listener import Limits, connection_cap
 from xpyd_emulator.member import identity
 from xpyd_emulator.metrics import EngineMetrics, render_engines
 from xpyd_emulator.parallel import domain_gpus, gpu_blocks, replica_blocks, wide

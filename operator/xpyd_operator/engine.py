@@ -131,7 +131,9 @@ def container(b: PoolBuild, rank: Rank | None = None) -> dict[str, Any]:
         "env": env(spec, b.owner.name, role, b.clique),
         "ports": ports,
         "resources": resources(spec, pool),
-        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        # A busy engine answers /health late (its API server tokenizes and streams on one loop): the readiness
+        # probe waits as long as the liveness one rather than the kubelet's 1 s, so load alone does not flap it.
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5},
         "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6, "timeoutSeconds": 5},
         "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", drain]}}},

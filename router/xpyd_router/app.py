@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from xpyd_http.messages import Reply, Request, Routes, error_reply
 from xpyd_router.health import HealthChecker, health_loop, publish
-from xpyd_router.http.messages import Reply, Request, Routes, error_reply
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.pool import WorkerPool
 from xpyd_router.proxy import Proxy, ProxyConfig
@@ -33,7 +33,7 @@ _ERRORS = (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError)
 
 @dataclass
 class App:
-    """What xpyd_router.http.server serves, and what must run while it does (`async with app.running():`)."""
+    """What xpyd_http.server serves, and what must run while it does (`async with app.running():`)."""
 
     routes: Routes
     running: Callable[[], contextlib.AbstractAsyncContextManager[None]]

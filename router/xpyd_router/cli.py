@@ -20,11 +20,11 @@ import uvloop
 
 from xpyd_api import engines
 from xpyd_api import labels as L
+from xpyd_http.server import Server
 from xpyd_perf import resolve_gpu, resolve_model
 from xpyd_router.app import Background, build_app
 from xpyd_router.hashing import DEFAULT_BLOCK_CHARS
 from xpyd_router.http.access import API_KEY_ENV, load_api_keys
-from xpyd_router.http.server import Server
 from xpyd_router.http.tls import TlsFiles
 from xpyd_router.kv.block_keys import RequestKeys
 from xpyd_router.kv.tier_cost import ReloadCost
@@ -399,7 +399,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
         app.routes["GET", PATH] = share.handle
     busy = lambda: metrics.error("busy")  # noqa: E731
-    server = Server(app.routes, args.header_timeout, args.max_connections, args.max_body_bytes, on_busy=busy)
+    server = Server(app.routes, args.header_timeout, args.max_connections, args.max_body_bytes, on_busy=busy,
+                    log=logging.getLogger("xpyd_router"))  # fmt: skip
     async with app.running():
         try:
             await server.listen(args.host, args.port, tls=tls.server if tls is not None else None)

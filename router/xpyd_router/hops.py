@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
+from xpyd_http.messages import Answer, Reply, Request, Stream, error_reply
 from xpyd_router.handoff import Handoff, HopFailed
-from xpyd_router.http.messages import Answer, Reply, Request, Stream, error_reply
 from xpyd_router.http.protocol import JsonObj, sse_error
 from xpyd_router.http.replies import BadReply, SseFilter, json_reply
 from xpyd_router.http.upstream import Upstream, UpstreamError

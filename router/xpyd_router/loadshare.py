@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from xpyd_http.messages import Reply, Request
 from xpyd_router.http.access import ApiKey
-from xpyd_router.http.messages import Reply, Request
 from xpyd_router.model import RouterContext
 from xpyd_router.pool import WorkerPool
 

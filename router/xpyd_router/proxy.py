@@ -11,13 +11,13 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from xpyd_api import labels
+from xpyd_http.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router import handoff
 from xpyd_router.handoff import HopFailed
 from xpyd_router.hashing import affinity_key
 from xpyd_router.hold import ColdHold, HoldRefused
 from xpyd_router.hops import Exchange, Hops
 from xpyd_router.http.access import TIMEOUT_HEADER, ApiKey, request_budget
-from xpyd_router.http.messages import Answer, BodyError, Reply, Request, error_reply
 from xpyd_router.http.protocol import BadRequest, JsonObj, parse_body, sse_error
 from xpyd_router.http.upstream import Upstream
 from xpyd_router.metrics import RouterMetrics

@@ -22,8 +22,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from xpyd_http.messages import Answer, Reply
 from xpyd_router.handoff import Handoff, HopFailed
-from xpyd_router.http.messages import Answer, Reply
 from xpyd_router.http.replies import BadReply
 from xpyd_router.http.upstream import Upstream, UpstreamError
 from xpyd_router.metrics import RouterMetrics

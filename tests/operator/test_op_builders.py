@@ -173,6 +173,7 @@ def test_engine_container_probes_gpus_and_drain() -> None:
         "limits": {L.GPU_RESOURCE: "8"},
     }
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["timeoutSeconds"] == c["livenessProbe"]["timeoutSeconds"] == 5  # load is not death
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert "vllm:num_requests_running" in c["lifecycle"]["preStop"]["exec"]["command"][2]
     assert [(p["name"], p["containerPort"]) for p in c["ports"]] == [

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import aiohttp
 import pytest
 
+from xpyd_http.server import Server
 from xpyd_router.app import build_app
-from xpyd_router.http.server import Server
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.policy.registry import KvAwareConfig, KvAwarePolicy
 from xpyd_router.pool import WorkerPool, WorkerSpec

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from stub_workers import call  # type: ignore[import-not-found]
 
+from xpyd_http.server import Server
 from xpyd_router.http.access import KEY_CHECK_S, ApiKey
-from xpyd_router.http.server import Server
 from xpyd_router.loadshare import PATH, LoadShare
 from xpyd_router.policy.registry import make_policy
 from xpyd_router.pool import WorkerPool, WorkerSpec

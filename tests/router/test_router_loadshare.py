@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xpyd_http.server import Server
 from xpyd_router import loadshare
-from xpyd_router.http.server import Server
 from xpyd_router.loadshare import PATH, LoadShare, worker_id
 from xpyd_router.model import RouteRequest
 from xpyd_router.policy.registry import KvAwarePolicy

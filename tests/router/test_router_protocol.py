@@ -5,9 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from xpyd_http.errors import error_body
 from xpyd_router.handoff.bootstrap import bootstrap_bodies
 from xpyd_router.handoff.nixl import decode_body, prefill_body
-from xpyd_router.http.protocol import BadRequest, error_body, parse_body, sse_error
+from xpyd_router.http.protocol import BadRequest, parse_body, sse_error
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The client-facing listener on raw sockets: framing, keep-alive, pipelining, limits, streams, stopping."""
+"""The listener (xpyd_http) on raw sockets: framing, keep-alive, pipelining, limits, streams, stopping, options."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpyd_router.http.messages import Answer, BodyError, Reply, Request, error_reply
-from xpyd_router.http.server import MAX_HEAD_BYTES, Server
+from xpyd_http.messages import Answer, BodyError, Reply, Request, error_reply
+from xpyd_http.server import MAX_HEAD_BYTES, Server
 
 pytestmark = pytest.mark.timeout(30)
 Serve = Callable[..., Any]
@@ -291,3 +291,102 @@ async def test_any_bytes_get_an_answer_or_a_close_and_the_server_serves_on(
     again = await exchange(port, post("/echo", b"ok", b"Connection: close\r\n"), wait=2.0)
     assert again.startswith(b"HTTP/1.1 200")
     await server.close(0.1)
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closes the connection within `seconds` (sending nothing more)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await reader.read() == b""
+    except TimeoutError:
+        return False
+
+
+async def test_without_a_keep_alive_timeout_an_idle_connection_gets_the_header_deadline(serve: Serve) -> None:
+    _, _, port = await serve(header_timeout=0.2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/echo", b"1"))
+    await read_answer(reader)
+    assert await closed_within(reader, 1.0)
+    writer.close()
+
+
+async def test_a_keep_alive_timeout_of_its_own_holds_idle_connections_past_the_header_deadline(serve: Serve) -> None:
+    _, _, port = await serve(header_timeout=0.2, keepalive_timeout=0.8)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/echo", b"1"))
+    await read_answer(reader)
+    await asyncio.sleep(0.4)  # idle past the header deadline, within the keep-alive timeout
+    writer.write(post("/echo", b"2"))
+    head, body = await read_answer(reader)
+    assert head.startswith(b"HTTP/1.1 200") and b'"body":"2"' in body
+    writer.write(b"POST /echo HTTP/1.1\r\n")  # a head that stalls: the header deadline runs from its first byte
+    assert await closed_within(reader, 0.5)
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/echo", b"3"))
+    await read_answer(reader)
+    assert not await closed_within(reader, 0.4)
+    assert await closed_within(reader, 1.0)  # idle past the keep-alive timeout
+    writer.close()
+
+
+def teapot(status: int, message: str, kind: str) -> Reply:
+    return Reply(status, orjson.dumps({"teapot": {"status": status, "message": message}}))
+
+
+async def test_a_server_of_its_own_words_renders_its_errors_and_names_itself(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    mine = logging.getLogger("xpyd_test.listener")
+    _, _, port = await serve(errors=teapot, name="worker", log=mine, max_connections=1)
+    with caplog.at_level(logging.WARNING, logger="xpyd_test.listener"):
+        out = await exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
+    assert orjson.loads(out.partition(b"\r\n\r\n")[2])["teapot"]["status"] == 400
+    assert [r.name for r in caplog.records] == ["xpyd_test.listener"]
+    out = await exchange(port, b"GET /nowhere HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
+    assert orjson.loads(out.partition(b"\r\n\r\n")[2])["teapot"]["status"] == 404
+    _, idle = await asyncio.open_connection("127.0.0.1", port)
+    await asyncio.sleep(0.05)
+    out = await exchange(port, b"")
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head and b"Connection: close" in head
+    assert orjson.loads(body)["teapot"] == {
+        "status": 503,
+        "message": "too many connections to the worker; retry shortly",
+    }
+    idle.close()
+
+
+async def test_a_fallback_answers_what_no_route_matches(serve: Serve) -> None:
+    async def fallback(req: Request) -> Answer:
+        return Reply(200, b"fallback " + req.method.encode() + b" " + req.path.encode())
+
+    _, _, port = await serve(fallback=fallback)
+    for line, body in [(b"GET /rooms/7", b"fallback GET /rooms/7"), (b"DELETE /echo", b"fallback DELETE /echo")]:
+        out = await exchange(port, line + b" HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(body)
+    assert b'"body":"x"' in await exchange(port, post("/echo", b"x", b"Connection: close\r\n"))  # routes come first
+
+
+async def test_a_started_stream_sends_its_head_before_the_first_event() -> None:
+    go = asyncio.Event()
+
+    async def events(req: Request) -> Answer:
+        out = req.stream({"Content-Type": "text/event-stream"})
+        await out.start()
+        await go.wait()
+        await out.write(b"data: 1\n\n")
+        await out.write_eof()
+        return out
+
+    server = Server({("GET", "/events"): events})
+    await server.listen("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /events HTTP/1.1\r\nHost: r\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+    go.set()
+    assert await reader.readuntil(b"0\r\n\r\n") == b"9\r\ndata: 1\n\n\r\n0\r\n\r\n"
+    writer.close()
+    await server.close(0.5)

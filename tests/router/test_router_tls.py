@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from xpyd_http.messages import Reply, Request, Routes
+from xpyd_http.server import Server
 from xpyd_router.cli import main
-from xpyd_router.http.messages import Reply, Request, Routes
-from xpyd_router.http.server import Server
 from xpyd_router.http.tls import TlsFiles, leaf_pem
 from xpyd_router.loadshare import PATH, LoadShare
 from xpyd_router.policy.registry import make_policy

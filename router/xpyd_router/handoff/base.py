@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from xpyd_router.http.messages import Answer, Reply
+from xpyd_http.messages import Answer, Reply
 from xpyd_router.http.protocol import JsonObj
 
 __all__ = ["Handoff", "HopFailed", "JsonObj", "Legs"]

@@ -13,8 +13,8 @@ import random
 
 import orjson
 
+from xpyd_http.messages import Answer
 from xpyd_router.handoff.base import Handoff, HopFailed, JsonObj, Legs
-from xpyd_router.http.messages import Answer
 
 
 def bootstrap_bodies(body: JsonObj, prefill_url: str, bootstrap_port: int) -> tuple[bytes, bytes]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
+from xpyd_http.messages import Answer, Reply
 from xpyd_router.handoff.base import Handoff, JsonObj, Legs
-from xpyd_router.http.messages import Answer, Reply
 from xpyd_router.http.replies import prefill_params
 
 EMPTY_KV: JsonObj = {

@@ -1,10 +1,12 @@
-"""OpenAI request parsing, the fields only the router may set, and OpenAI's error bodies (hop bodies: handoff/)."""
+"""OpenAI request parsing, the fields only the router may set, and the router's SSE errors (hop bodies: handoff/)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+
+from xpyd_http.errors import error_body
 
 JsonObj = dict[str, Any]
 
@@ -90,11 +92,6 @@ def _chat_text(body: JsonObj) -> str:
         # The emulator's ChatML-like template, so prefix blocks line up with its cache blocks.
         parts.append(f"<|im_start|>{message['role']}\n{content if content is not None else ''}<|im_end|>\n")
     return "".join(parts)
-
-
-def error_body(message: str, kind: str, code: int, param: str | None = None) -> bytes:
-    """OpenAI's error shape."""
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 def sse_error(message: str, kind: str = "upstream_error", code: int = 502) -> bytes:

@@ -1,4 +1,4 @@
-"""One client request and its answer, as the router's handlers see them (xpyd_router.http.server serves them)."""
+"""One request and its answer, as the handlers of a route table see them (xpyd_http.server serves them)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from xpyd_router.http.protocol import error_body
+from xpyd_http.errors import error_body
 
 if TYPE_CHECKING:
-    from xpyd_router.http.server import Connection
+    from xpyd_http.server import Connection
 
 JSON = "application/json"
 
@@ -25,7 +25,7 @@ class BodyError(Exception):
 
 
 class BodyTooLarge(BodyError):
-    """The request body is over the router's limit (--max-body-bytes)."""
+    """The request body is over the server's limit (its `max_body`: the router's --max-body-bytes, say)."""
 
     status = 413
 
@@ -79,6 +79,11 @@ class Stream:
         framing = "Transfer-Encoding: chunked\r\n" if chunked else "Connection: close\r\n"
         self._head: bytes | None = _line(200) + (lines + framing + "\r\n").encode("latin-1")
         self.finished = False
+
+    async def start(self) -> None:
+        """Sends the head now rather than with the first event (an engine answers the head at once)."""
+        if self._head is not None:
+            await self._send(b"")
 
     async def write(self, data: bytes) -> None:
         if not data:

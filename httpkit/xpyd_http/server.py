@@ -1,15 +1,17 @@
-"""The client-facing listener: HTTP/1.1 parsed by httptools on the event loop, nothing in between.
+"""The listener the router and the engine emulator serve on: HTTP/1.1 parsed by httptools on the event loop.
 
-Why not aiohttp's server: every request of the proxy path pays for it, and on loopback aiohttp.web
-costs 48 CPU-us per request where this costs 24 (bench/results/router.md, HTTP stack, one run); the
-upstream side (xpyd_router.http.upstream) is built the same way. What it does, and no more:
+Why not aiohttp's server: every request of the router's proxy path pays for it, and on loopback
+aiohttp.web costs 48 CPU-us per request where this costs 24 (bench/results/router.md, HTTP stack,
+one run); the router's upstream client (xpyd_router.http.upstream) is built the same way. The
+emulator serves on it too, so the limits below are written (and fuzzed) once. What it does, and no more:
 - keep-alive and pipelining (one request at a time per connection, in order; reading pauses while
   requests wait), Content-Length and chunked bodies, `Expect: 100-continue`;
 - a cap on connections (past it: 503 and close, without reading), a header deadline (the slowloris
-  bound, and how long an idle keep-alive connection stays), a cap on the request head (431) and body
-  (413, checked as the bytes arrive), one log line per malformed request (400);
+  bound, and by default how long an idle keep-alive connection stays), a cap on the request head
+  (431) and body (413, checked as the bytes arrive), one log line per malformed request (400);
 - streamed answers with write backpressure; a handler whose client left is cancelled;
 - a graceful stop: no new connections, in-flight requests get `shutdown_timeout` to finish.
+The errors it writes itself are OpenAI's shape unless the server is given its own `errors`.
 """
 
 from __future__ import annotations
@@ -25,19 +27,20 @@ from typing import cast
 
 import httptools
 
-from xpyd_router.http.messages import Answer, Reply, Request, Routes, Stream, error_reply
-from xpyd_router.http.protocol import error_body
+from xpyd_http.messages import Answer, Handler, Reply, Request, Routes, Stream, error_reply
 
-log = logging.getLogger("xpyd_router")
 MAX_HEAD_BYTES = 64 << 10  # request line and headers together
 LINGER = 1.0  # after an early answer (408, 413), the unread rest of the body is read and dropped this long
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-_BUSY_BODY = error_body("too many connections to the router; retry shortly", "service_unavailable", 503)
-BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
-)
+ErrorReply = Callable[[int, str, str], Reply]  # (status, message, OpenAI error type) -> the answer
+
+
+def busy_answer(errors: ErrorReply, name: str) -> bytes:
+    """The bytes a connection past the cap gets: a 503 with Retry-After, then the connection's end."""
+    reply = errors(503, f"too many connections to the {name}; retry shortly", "service_unavailable")
+    reply.headers = (*reply.headers, ("Retry-After", "1"))
+    return reply.encode(keep_alive=False)
 
 
 class _HeadTooLarge(Exception):
@@ -47,8 +50,11 @@ class _HeadTooLarge(Exception):
 class _Busy(asyncio.Protocol):
     """Past the connection cap: a 503 and goodbye, without reading the request."""
 
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(BUSY)  # type: ignore[attr-defined]
+        transport.write(self.answer)  # type: ignore[attr-defined]
         transport.close()
 
 
@@ -67,7 +73,8 @@ class Connection(asyncio.Protocol):
         self.current: Request | None = None  # the request being served
         self.task: asyncio.Task[None] | None = None
         self.pending: deque[Request] = deque()  # pipelined requests waiting their turn
-        self.timer: asyncio.TimerHandle | None = None  # the header deadline
+        self.timer: asyncio.TimerHandle | None = None  # the header deadline (or the keep-alive timeout)
+        self.idle = False  # waiting for a next request under a keep-alive timeout of its own
         self.dropping = False  # reading and dropping what is left (lingering, or past a parse error)
         self.url = b""
         self.head_bytes = 0
@@ -111,6 +118,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.dropping:
             return
+        if self.idle:  # the next request's first bytes: its head must now arrive within the header deadline
+            self.idle = False
+            self._arm()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # not ours to speak: serve what was asked, then close
@@ -187,10 +197,10 @@ class Connection(asyncio.Protocol):
         try:
             answer = await self.server.dispatch(req)
         except asyncio.CancelledError:
-            return  # the client left, or the router is stopping
+            return  # the client left, or the server is stopping
         except Exception:  # a bug in a handler: the client gets a 500, the connection stays usable
-            log.exception("internal error on %s %s", req.method, req.path)
-            answer = error_reply(500, "internal router error", "internal_error")
+            self.server.log.exception("internal error on %s %s", req.method, req.path)
+            answer = self.server.errors(500, f"internal {self.server.name} error", "internal_error")
         if not self.closed:
             self._answered(req, answer)
 
@@ -210,8 +220,10 @@ class Connection(asyncio.Protocol):
             if not self.pending and self.transport is not None:
                 self.transport.resume_reading()
             self._start(nxt)
-        elif self.parsing is None:
-            self._arm()  # idle: the next request's head must arrive within the header deadline
+        elif self.parsing is None:  # idle: the next request must come within the keep-alive timeout
+            keepalive = self.server.keepalive_timeout
+            self._arm(keepalive)
+            self.idle = keepalive is not None
 
     def _finish(self, req: Request) -> None:
         """The last answer on this connection: close, after reading (and dropping) the unread body a while."""
@@ -238,10 +250,10 @@ class Connection(asyncio.Protocol):
             broken.wake()
             self.pending.clear()
             return
-        log.warning("bad HTTP request from %s: %s", self.peer or "?", reason)
+        self.server.log.warning("bad HTTP request from %s: %s", self.peer or "?", reason)
         status = 431 if head else 400
         if self.current is None:  # else the request being served gets its answer, then the connection closes
-            self.write(error_reply(status, f"bad HTTP request: {reason}", "invalid_request_error").encode(False))
+            self.write(self.server.errors(status, f"bad HTTP request: {reason}", "invalid_request_error").encode(False))
             if self.transport is not None:
                 self.transport.close()
         else:
@@ -267,9 +279,10 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     # the header deadline
-    def _arm(self) -> None:
+    def _arm(self, timeout: float | None = None) -> None:
         self._disarm()
-        self.timer = self.loop.call_later(self.server.header_timeout, self._expired)
+        self.idle = False
+        self.timer = self.loop.call_later(self.server.header_timeout if timeout is None else timeout, self._expired)
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -285,8 +298,14 @@ class Connection(asyncio.Protocol):
 class Server:
     """Serves `routes` ((method, path) -> handler) on one address.
 
-    `header_timeout` bounds how long a request's head may take to arrive and how long an idle
-    keep-alive connection stays; `max_connections` caps open connections; `max_body` caps a body.
+    `header_timeout` bounds how long a request's head may take to arrive and, unless
+    `keepalive_timeout` says otherwise, how long an idle keep-alive connection stays (with it, the
+    head's deadline starts at the next request's first byte); `max_connections` caps open
+    connections (`on_busy` is called for each one turned away); `max_body` caps a body.
+    `fallback` answers a request no route matches (else 404, or 405 naming the allowed methods);
+    `errors` renders the errors the server writes itself (400, 404, 405, 431, 500, 503), `name`
+    names the service in their messages, and `log` takes the line each malformed request or
+    handler crash gets.
     """
 
     def __init__(
@@ -296,12 +315,24 @@ class Server:
         max_connections: int = 4096,
         max_body: int = 32 << 20,
         on_busy: Callable[[], None] | None = None,
+        *,
+        keepalive_timeout: float | None = None,
+        fallback: Handler | None = None,
+        errors: ErrorReply = error_reply,
+        name: str = "router",
+        log: logging.Logger | None = None,
     ) -> None:
         self.routes = routes
         self.header_timeout = header_timeout
+        self.keepalive_timeout = keepalive_timeout
         self.max_connections = max_connections
         self.max_body = max_body
         self.on_busy = on_busy
+        self.fallback = fallback
+        self.errors = errors
+        self.name = name
+        self.log = log or logging.getLogger("xpyd_http")
+        self.busy = busy_answer(errors, name)
         self.connections: set[Connection] = set()
         self.stopping = False
         self.loop = asyncio.get_running_loop()
@@ -311,7 +342,7 @@ class Server:
         if len(self.connections) >= self.max_connections or self.stopping:
             if self.on_busy is not None:
                 self.on_busy()
-            return _Busy()
+            return _Busy(self.busy)
         return Connection(self)
 
     async def listen(self, host: str, port: int, backlog: int = 1024, tls: ssl.SSLContext | None = None) -> None:
@@ -332,11 +363,13 @@ class Server:
             handler = self.routes.get(("GET", req.path))
         if handler is not None:
             return await handler(req)
+        if self.fallback is not None:
+            return await self.fallback(req)
         allowed = sorted(method for method, path in self.routes if path == req.path)
         if not allowed:
-            return error_reply(404, f"no route {req.path}", "not_found_error")
-        reply = error_reply(405, f"{req.method} is not allowed on {req.path}", "invalid_request_error")
-        reply.headers = (("Allow", ", ".join(allowed)),)
+            return self.errors(404, f"no route {req.path}", "not_found_error")
+        reply = self.errors(405, f"{req.method} is not allowed on {req.path}", "invalid_request_error")
+        reply.headers = (*reply.headers, ("Allow", ", ".join(allowed)))
         return reply
 
     async def close(self, shutdown_timeout: float = 30.0) -> None:
@@ -355,4 +388,4 @@ class Server:
         await asyncio.sleep(0)
 
 
-__all__ = ["BUSY", "Connection", "Server", "Stream"]
+__all__ = ["Connection", "ErrorReply", "Server", "Stream", "busy_answer"]

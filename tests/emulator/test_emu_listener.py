@@ -1,4 +1,4 @@
-"""The emulator's sockets: slowloris, slow and oversized bodies, the connection cap, OpenAI-style errors."""
+"""The emulator's sockets on xpyd_http: slowloris, keep-alive, slow and oversized bodies, the cap, OpenAI errors."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from typing import Any
 import orjson
 import pytest
 from emu_harness import make_config, running  # type: ignore[import-not-found]
+
+from xpyd_emulator.bootstrap import RoomTable, bootstrap_server
+from xpyd_emulator.listener import Limits
+from xpyd_emulator.peers import PeerPolicy
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 HOST = "127.0.0.31"
@@ -45,6 +49,21 @@ async def test_slowloris_and_idle_connections_are_cut() -> None:
         assert (data, took < 1.5) == (b"", True)
         data, took = await exchange(cfg.port)  # connects, never sends
         assert (data, took < 1.5) == (b"", True)
+
+
+async def test_an_idle_keep_alive_connection_outlives_the_header_deadline() -> None:
+    """The router pools worker connections for 60 s: the worker must not close an idle one at the header deadline."""
+    cfg = make_config(HOST, MODEL, header_timeout=0.3)
+    async with running(cfg):
+        reader, writer = await asyncio.open_connection(HOST, cfg.port)
+        for _ in range(2):
+            writer.write(b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            assert b"xpyd.emulator" in await reader.readexactly(length)
+            await asyncio.sleep(0.6)  # idle past the header deadline
+        writer.close()
 
 
 @pytest.mark.parametrize(
@@ -119,3 +138,54 @@ async def test_malformed_bodies_get_openai_errors(body: bytes, param: str | None
         data, _ = await exchange(cfg.port, head % len(body) + body)
         status, error = error_of(data)
         assert (status, error["type"], error["code"], error["param"]) == (400, "BadRequestError", 400, param)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "message"),
+    [
+        (b"GET /xpyd/bootstrap/room/7?timeout=0 HTTP/1.1\r\n", 404, "never prefilled"),
+        (b"GET /xpyd/bootstrap/room/seven HTTP/1.1\r\n", 400, "must be numbers"),
+        (b"GET /xpyd/bootstrap/room/7?timeout=9999 HTTP/1.1\r\n", 400, "timeout in [0, 600]"),
+        (b"GET /xpyd/bootstrap/room/ HTTP/1.1\r\n", 404, "no route"),
+        (b"GET /xpyd/bootstrap/room/7/x HTTP/1.1\r\n", 404, "no route"),
+        (b"GET /elsewhere HTTP/1.1\r\n", 404, "no route"),
+        (b"POST /xpyd/bootstrap/room/7 HTTP/1.1\r\nContent-Length: 0\r\n", 405, "use GET"),
+    ],
+)  # fmt: skip
+async def test_the_bootstrap_server_answers_by_path(request_bytes: bytes, status: int, message: str) -> None:
+    server = bootstrap_server(RoomTable(5.0), PeerPolicy.parse("127.0.0.1"), Limits())
+    await server.listen(HOST, 0)
+    try:
+        data, _ = await exchange(server.port, request_bytes + b"Host: x\r\nConnection: close\r\n\r\n")
+    finally:
+        await server.close(1.0)
+    code, error = error_of(data)
+    assert (code, error["code"], message in error["message"]) == (status, status, True), error
+
+
+async def test_the_bootstrap_server_hands_a_published_room_to_a_peer_once() -> None:
+    rooms = RoomTable(5.0)
+    rooms.publish(7, {"tokens": 12}, asyncio.get_running_loop().time())
+    server = bootstrap_server(rooms, PeerPolicy.parse("127.0.0.1"), Limits())
+    await server.listen(HOST, 0)
+    ask = b"GET /xpyd/bootstrap/room/7?timeout=0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        first, _ = await exchange(server.port, ask)
+        again, _ = await exchange(server.port, ask)
+    finally:
+        await server.close(1.0)
+    assert first.startswith(b"HTTP/1.1 200") and orjson.loads(first.partition(b"\r\n\r\n")[2]) == {"tokens": 12}
+    assert error_of(again)[0] == 404
+
+
+async def test_the_bootstrap_server_refuses_other_hosts() -> None:
+    server = bootstrap_server(RoomTable(5.0), PeerPolicy.parse("127.0.0.2"), Limits())
+    await server.listen(HOST, 0)
+    try:
+        data, _ = await exchange(
+            server.port, b"GET /xpyd/bootstrap/room/7 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+    finally:
+        await server.close(1.0)
+    code, error = error_of(data)
+    assert (code, "not a KV peer" in error["message"]) == (403, True)
