@@ -60,6 +60,10 @@ class PoolView:
     def note(self, key: str) -> str | None:
         return self.annotations.get(key)
 
+    def notes(self, *keys: str) -> dict[str, str]:
+        """The roll's annotations among `keys` that the StatefulSet carries, to carry on."""
+        return {k: v for k in keys if (v := self.annotations.get(k)) is not None}
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -76,7 +80,6 @@ class Plan:
     steps: dict[str, Step]  # role -> step; empty: apply the desired manifests as they are
     phase: str = ""  # "" (no engine change), starting, rolling, finishing, rolling-back, rolled-back
     message: str = ""
-    capacity: dict[str, dict[str, int]] = field(default_factory=dict)  # revision -> role -> ready pods
 
 
 def capacity(pools: Sequence[PoolView]) -> dict[str, dict[str, int]]:
@@ -102,57 +105,57 @@ def plan(pools: Sequence[PoolView], max_surge: int, rollback: bool = True, owns_
     """
     if len(pools) < 2 or any(p.have_rev is None for p in pools):
         return Plan({})  # a co-located pool or a new deployment: nothing to stay compatible with
-    seen = capacity(pools)
     if all(p.note(FAILED) == p.want_rev for p in pools):
-        return _rolled_back(pools, seen, "rolled-back")
+        return _rolled_back(pools, "rolled-back")
     under_way = any(p.have_rev != p.want_rev or p.note(PREVIOUS) is not None for p in pools)
     if not under_way:
-        return Plan({}, capacity=seen)
+        return Plan({})
     if rollback and any(p.note(PREVIOUS) for p in pools) and any(_failing(p) for p in pools):
-        return _rolled_back(pools, seen, "rolling-back")
+        return _rolled_back(pools, "rolling-back")
     if any(p.have_rev != p.want_rev for p in pools):
-        return _start(pools, max_surge if owns_replicas else 0, seen)
-    return _step(pools, seen)
+        return _start(pools, max_surge if owns_replicas else 0)
+    return _step(pools)
 
 
 def _failing(pool: PoolView) -> bool:
     return any(p.rev == pool.want_rev and p.restarts >= FAILED_RESTARTS for p in pool.pods)
 
 
-def _start(pools: Sequence[PoolView], surge: int, seen: dict[str, dict[str, int]]) -> Plan:
+def _start(pools: Sequence[PoolView], surge: int) -> Plan:
     """The new template on every pool, old pods kept below the partition, new surge pods above it."""
     steps = {}
     for p in pools:
-        notes = {k: v for k in NOTES if (v := p.note(k)) is not None}  # a second edit mid-roll keeps the first
+        notes = p.notes(*NOTES)  # a second edit mid-roll keeps the first
         if PREVIOUS not in notes and p.template is not None and p.have_rev is not None:
             notes[PREVIOUS] = json.dumps(p.template, sort_keys=True, separators=(",", ":"))
             notes[PREVIOUS_REV] = p.have_rev
         notes[SURGE] = notes.get(SURGE, str(surge))
         steps[p.role] = Step(p.replicas + int(notes[SURGE]), p.replicas, notes)
     msg = f"engine change to revision {pools[0].want_rev}: both pools step together, {surge} surge replica(s) each"
-    return Plan(steps, "starting", msg, seen)
+    return Plan(steps, "starting", msg)
 
 
-def _step(pools: Sequence[PoolView], seen: dict[str, dict[str, int]]) -> Plan:
+def _step(pools: Sequence[PoolView]) -> Plan:
     surge = min(int(p.note(SURGE) or 0) for p in pools)
     unplaced = surge > 0 and any(d.unschedulable and d.ordinal >= p.replicas for p in pools for d in p.pods)
     if unplaced:
         surge = 0  # no free GPUs for the surge: drop it for the rest of this roll
     settled = all(_settled(p, surge) for p in pools)
     if settled and all(p.partition == 0 for p in pools):
-        return Plan({p.role: Step(p.replicas) for p in pools}, "finishing", "engine change complete", seen)
+        return Plan({p.role: Step(p.replicas) for p in pools}, "finishing", "engine change complete")
     steps = {}
     for p in pools:
         partition = min(p.partition, p.replicas)
         if settled:
             partition = max(0, partition - 1)
-        notes = {**{k: v for k in NOTES if (v := p.note(k)) is not None}, SURGE: str(surge)}
+        notes = {**p.notes(*NOTES), SURGE: str(surge)}
         steps[p.role] = Step(p.replicas + surge, partition, notes)
-    by_rev = "; ".join(f"{rev}: " + ", ".join(f"{r} {n}" for r, n in roles.items()) for rev, roles in seen.items())
+    seen = capacity(pools).items()
+    by_rev = "; ".join(f"{rev}: " + ", ".join(f"{r} {n}" for r, n in roles.items()) for rev, roles in seen)
     msg = f"engine change to revision {pools[0].want_rev}, both pools in step; ready by revision: {by_rev or 'none'}"
     if unplaced:
         msg += "; surge pods could not be scheduled (no free GPUs): rolling in place"
-    return Plan(steps, "rolling", msg, seen)
+    return Plan(steps, "rolling", msg)
 
 
 def _settled(pool: PoolView, surge: int) -> bool:
@@ -162,18 +165,18 @@ def _settled(pool: PoolView, surge: int) -> bool:
     return all(p.rev == pool.want_rev for p in pool.pods if p.ordinal >= pool.partition)
 
 
-def _rolled_back(pools: Sequence[PoolView], seen: dict[str, dict[str, int]], phase: str) -> Plan:
+def _rolled_back(pools: Sequence[PoolView], phase: str) -> Plan:
     steps = {}
     for p in pools:
         previous = p.note(PREVIOUS)
-        notes = {**{k: v for k in (PREVIOUS, PREVIOUS_REV) if (v := p.note(k)) is not None}, FAILED: p.want_rev}
+        notes = {**p.notes(PREVIOUS, PREVIOUS_REV), FAILED: p.want_rev}
         steps[p.role] = Step(p.replicas, 0, notes, json.loads(previous) if previous else None)
     back = ", ".join(sorted({p.note(PREVIOUS_REV) or "the previous revision" for p in pools}))
     if phase == "rolling-back":
         msg = f"engine revision {pools[0].want_rev} failed (a pod restarted {FAILED_RESTARTS} times): rolling back"
     else:
         msg = f"engine revision {pools[0].want_rev} was rolled back; it is not tried again until the spec changes"
-    return Plan(steps, phase, f"{msg}; serving {back}", seen)
+    return Plan(steps, phase, f"{msg}; serving {back}")
 
 
 def apply(manifest: dict[str, Any], step: Step, owns_replicas: bool) -> dict[str, Any]:

@@ -222,7 +222,8 @@ class RouterMetrics:
         self.pair_warmups = Counter(
             names.ROUTER_PAIR_WARMUPS,
             "Warm-up handoffs (one tiny request per new prefill/decode pair, so no client pays a first NIXL "
-            "handshake) by outcome: done, failed, timeout, skipped. The engines count their KV transfers.",
+            "handshake) by outcome: done, failed, timeout, skipped, cancelled (the router stopping). "
+            "The engines count their KV transfers.",
             ["deployment", "outcome"], registry=r,
         )  # fmt: skip
         self.pair_warmups_running = Gauge(

@@ -111,9 +111,8 @@ class Warmup:
 
     async def _warm(self, prefill: str, decode: str) -> None:
         outcome = "done"
-        running = self.metrics.pair_warmups_running.labels(self.metrics.deployment) if self.metrics else None
-        if running is not None:
-            running.inc()
+        if self.metrics is not None:
+            self.metrics.pair_warmups_running.labels(self.metrics.deployment).inc()
         try:
             async with self._slots, asyncio.timeout(self.timeout):
                 model = self.model or await self._model(prefill)
@@ -136,8 +135,8 @@ class Warmup:
             raise
         finally:
             self._running.discard((prefill, decode))
-            if self.metrics is not None and running is not None:
-                running.dec()
+            if self.metrics is not None:
+                self.metrics.pair_warmups_running.labels(self.metrics.deployment).dec()
                 self.metrics.pair_warmups.labels(self.metrics.deployment, outcome).inc()
 
     async def _model(self, worker: str) -> str | None:
