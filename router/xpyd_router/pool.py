@@ -126,6 +126,9 @@ class WorkerPool:
     def ready(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role and w.healthy and not w.draining]
 
+    def _has_other_ready(self, worker: WorkerState) -> bool:
+        return any(w is not worker for w in self.ready(worker.role))
+
     def has_prefill_pool(self) -> bool:
         return any(w.role == "prefill" for w in self.workers.values())
 
@@ -195,13 +198,15 @@ class WorkerPool:
     def apply_metrics(self, name: str, metrics: WorkerMetrics | None, timed_out: bool = False) -> None:
         """A scrape's outcome: None (it failed) takes the worker out, a timeout only the SLOW_SCRAPES-th in a
         row (an engine busy computing answers /metrics late, and one slow scrape of the only decode worker
-        would fail every request meanwhile); an answer brings it back unless held."""
+        would fail every request meanwhile), and never the last ready worker of its role: slow scrapes say
+        the engine is busy, not gone, and a hung one is taken out by its requests (timeouts, the breaker).
+        An answer brings it back unless held."""
         worker = self.workers.get(name)
         if worker is None:
             return
         if metrics is None:
             worker.slow_scrapes = worker.slow_scrapes + 1 if timed_out else SLOW_SCRAPES
-            if worker.slow_scrapes >= SLOW_SCRAPES:
+            if worker.slow_scrapes >= SLOW_SCRAPES and (not timed_out or self._has_other_ready(worker)):
                 worker.healthy = False
             return
         worker.slow_scrapes = 0

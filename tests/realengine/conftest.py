@@ -166,8 +166,8 @@ def wait_router_settled(stack: Stack, router_log: Path, timeout: float) -> None:
     """Until the router has run its warm-up handoff over the pair and sees both workers ready again.
 
     A CPU engine busy with its first NIXL transfer can answer the router's /metrics scrapes late
-    for seconds, long enough to be taken out for a moment (xpyd_router.pool.SLOW_SCRAPES); the
-    tests start once that start-up work is over, not while the router is still warming the pair.
+    for seconds (xpyd_router.pool.SLOW_SCRAPES; the last ready worker of a role is kept through them);
+    the tests start once that start-up work is over, not while the router is still warming the pair.
     """
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=5.0) as client:

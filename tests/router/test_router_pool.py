@@ -72,6 +72,38 @@ def test_slow_scrapes_take_a_worker_out_only_in_a_row(outcomes: list[str], healt
     assert p.workers[P1].healthy is healthy
 
 
+@pytest.mark.parametrize(
+    ("others_down", "outcome", "healthy"),
+    [
+        ((), "slow", False),  # another decode-capable peer is ready: three slow scrapes take it out
+        ((P2,), "slow", True),  # the last ready worker of its role stays: busy, not gone
+        ((P2,), "refused", False),  # a refused scrape takes even the last one out
+    ],
+)
+def test_slow_scrapes_never_take_out_the_last_ready_worker_of_a_role(
+    others_down: tuple[str, ...], outcome: str, healthy: bool
+) -> None:
+    p = pool()
+    for name in others_down:
+        p.mark_down(name)
+    for _ in range(5):
+        p.apply_metrics(P1, None, timed_out=outcome == "slow")
+    assert p.workers[P1].healthy is healthy
+    assert p.workers[D1].healthy  # the other role is untouched
+
+
+def test_the_last_decode_worker_keeps_serving_through_slow_scrapes() -> None:
+    p = pool()
+    for _ in range(5):
+        p.apply_metrics(D1, None, timed_out=True)
+    assert p.route(REQ).decode.worker == D1
+    p.request_failed(D1)
+    for _ in range(p.breaker_failures):
+        p.request_failed(D1)
+    with pytest.raises(NoWorker, match="decode"):  # a hung one is taken out by its requests
+        p.route(REQ)
+
+
 def test_exclusions_and_no_worker() -> None:
     p = pool()
     assert p.route(REQ, frozenset({P1})).prefill.worker == P2  # type: ignore[union-attr]
