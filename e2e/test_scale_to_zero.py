@@ -1,6 +1,8 @@
 """Scale to zero and back, end to end: a deployment whose pools stand at zero keeps its model listed,
 the router holds the requests that arrive, the autoscaler reads the held count from the real
 Prometheus and starts the pools, and every held request is answered once they are up (none lost).
+Then, idle past the stabilization window, the autoscaler takes both pools back to zero on its own,
+the model stays listed, and a second round of held requests wakes them again.
 
 Needs the cluster named by KUBECONFIG with a Prometheus that discovers annotated pods (the local
 harness starts one at http://127.0.0.1:9090; elsewhere set XPYD_PROMETHEUS_URL).
@@ -49,7 +51,9 @@ spec:
     enabled: true
     prometheusUrl: {prometheus}
     intervalSeconds: 5
+    stabilizationSeconds: {stabilization}
 """
+STABILIZATION_S = 20  # idle this long (plus the load's rate windows), the pools go back to zero
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,8 @@ async def _complete(session: aiohttp.ClientSession, url: str, i: int) -> tuple[i
 @pytest.mark.timeout(900)
 async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace: str) -> None:
     ns = namespace
-    kubectl("apply", "-f", "-", stdin=DD.format(name=NAME, ns=ns, model=MODEL, prometheus=PROMETHEUS))
+    manifest = DD.format(name=NAME, ns=ns, model=MODEL, prometheus=PROMETHEUS, stabilization=STABILIZATION_S)
+    kubectl("apply", "-f", "-", stdin=manifest)
     await wait_until("both pools' StatefulSets at zero", lambda: replicas(ns, "prefill") == replicas(ns, "decode") == 0,
                      120)  # fmt: skip
     # The router is ready with no worker (it takes the requests that wake the pools) and lists the model.
@@ -94,13 +99,27 @@ async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace:
                 break
             await asyncio.sleep(1)
         assert await listed() == [MODEL]
-        t0 = time.monotonic()
-        answers = await asyncio.gather(*(_complete(session, router, i) for i in range(HELD)))
-        cold_start = time.monotonic() - t0
-        assert [status for status, _ in answers] == [200] * HELD, answers  # none lost, none refused
-        assert await listed() == [MODEL]  # and now from a worker
-    assert replicas(ns, "prefill") >= 1 and replicas(ns, "decode") >= 1
+        cold_starts: list[float] = []
+        idle_to_zero = 0.0
+        for round_ in range(2):  # from zero, back to zero by itself, and from zero again
+            t0 = time.monotonic()
+            answers = await asyncio.gather(*(_complete(session, router, round_ * HELD + i) for i in range(HELD)))
+            cold_starts.append(time.monotonic() - t0)
+            assert [status for status, _ in answers] == [200] * HELD, answers  # none lost, none refused
+            assert await listed() == [MODEL]  # and now from a worker
+            assert replicas(ns, "prefill") >= 1 and replicas(ns, "decode") >= 1
+            if round_ == 0:
+                t_idle = time.monotonic()
+                await wait_until("both pools back at zero once idle",
+                                 lambda: replicas(ns, "prefill") == replicas(ns, "decode") == 0,
+                                 STABILIZATION_S + 240)  # fmt: skip
+                idle_to_zero = time.monotonic() - t_idle
+                assert await listed() == [MODEL]  # at zero again, the model is still listed
     dd = get_json("dd", NAME, "-n", ns) or {}
     auto = (dd.get("status") or {}).get("autoscaler") or {}
     reasons = {role: (auto.get(role) or {}).get("reason") for role in ("prefill", "decode")}
-    print(f"cold start from zero: {cold_start:.1f} s for {HELD} held requests; autoscaler: {reasons}")
+    starts = " and ".join(f"{s:.1f} s" for s in cold_starts)
+    print(
+        f"cold starts from zero: {starts} for {HELD} held requests each; idle to zero in {idle_to_zero:.0f} s "
+        f"(stabilization {STABILIZATION_S} s); autoscaler: {reasons}"
+    )
