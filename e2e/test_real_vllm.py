@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 T = TypeVar("T")
 NAME = "tiny"
-IMAGE = f"public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{realvllm.VLLM_CPU_VERSION}"
+IMAGE = f"{realvllm.IMAGE_REPO}:v{realvllm.VLLM_CPU_VERSION}"
 PROMETHEUS = os.environ.get("XPYD_PROMETHEUS_URL", "http://127.0.0.1:9090")
 # The router's kv-aware rule sends an uncached prompt under 2048 characters (--direct-below-chars, which the CRD
 # does not set) straight to decode; the prompts here are longer, so about 900 of the tiny model's tokens: hence a

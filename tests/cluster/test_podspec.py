@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from xpyd_cluster import podspec
+from xpyd_cluster import podspec, realvllm
 from xpyd_cluster.nodes import clique_id
 
-CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo"
+CPU_IMAGE = realvllm.IMAGE_REPO
 B200 = podspec.NodeFacts("b200-0", {"nvidia.com/gpu.product": "NVIDIA-B200"})
 TRAY = podspec.NodeFacts(
     "gb200-r1-t03", {"nvidia.com/gpu.product": "NVIDIA-GB200", "nvidia.com/gpu.clique": clique_id(1)}
@@ -261,3 +261,32 @@ def test_emulator_and_own_pods_drain_on_sigterm_without_the_hook() -> None:
 )
 def test_own_address_rewrites_only_the_pods_loopback_endpoints(word: str, expected: str) -> None:
     assert podspec._own_address(word, "127.1.0.7") == expected
+
+
+@pytest.mark.parametrize(
+    ("image", "release"),
+    [
+        (f"{CPU_IMAGE}:v0.31.0", "0.31.0"),
+        (f"{CPU_IMAGE}:v0.32.0", "0.32.0"),
+        (f"{CPU_IMAGE}:v0.11.1.post2", "0.11.1.post2"),
+        (f"{CPU_IMAGE}:latest", realvllm.VLLM_CPU_VERSION),  # no release in the tag: the pinned one
+        (CPU_IMAGE, realvllm.VLLM_CPU_VERSION),
+        (f"{CPU_IMAGE}@sha256:{'a' * 64}", realvllm.VLLM_CPU_VERSION),
+        ("localhost:5000/vllm-cpu-release-repo:v0.30.0", "0.30.0"),  # a registry port is not a tag
+    ],
+)
+def test_a_real_vllm_image_runs_the_release_its_tag_names(image: str, release: str) -> None:
+    assert realvllm.image_version(image) == release
+
+
+def test_a_pod_of_a_release_not_installed_says_how_to_install_that_release() -> None:
+    p = pod(f"{CPU_IMAGE}:v0.29.0", command=["vllm", "serve", "org/m"])
+    plan = podspec.plan(p, "127.1.0.7", B200, xpyd="x", real_vllm=None)
+    assert "vLLM 0.29.0 is not installed" in plan.argv[-1]
+    assert "xpyd_cluster.realvllm install 0.29.0" in plan.argv[-1]
+
+
+@pytest.mark.parametrize("version", ["0.31", "latest", "0.31.0; rm -rf x", ""])
+def test_installing_another_release_refuses_what_is_not_a_release(version: str) -> None:
+    with pytest.raises(ValueError, match="not a vLLM release"):
+        realvllm.install_release(version, env={"XPYD_CACHE": "never-read"})
