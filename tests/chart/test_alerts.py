@@ -57,10 +57,8 @@ def test_alerts_on_no_pairable_pair_while_both_roles_have_workers(values: dict[s
     assert expr.startswith(f"max by (namespace, deployment) ({names.ROUTER_PAIRABLE}) == 0 ")
     # ...while it knows workers of both roles (a deployment scaled to zero, or decode-only, stays quiet)
     for role in ("prefill", "decode"):
-        assert (
-            f'and on (namespace, deployment) (sum by (namespace, deployment) ({names.ROUTER_WORKERS}{{role="{role}"}}) > 0)'
-            in expr
-        )
+        known = f'sum by (namespace, deployment) ({names.ROUTER_WORKERS}{{role="{role}"}})'
+        assert f"and on (namespace, deployment) ({known} > 0)" in expr
     assert alert["labels"]["severity"] == "warning"
     assert "{{ $labels.deployment }}" in alert["annotations"]["summary"]
 
