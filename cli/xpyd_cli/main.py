@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 
@@ -37,9 +38,10 @@ def _entry(command: str) -> Callable[[list[str]], int]:
 
         return emulate_main
     if command == "plan":
+        from xpyd_cli.httpget import get
         from xpyd_perf.cli import main as plan_main
 
-        return plan_main
+        return functools.partial(plan_main, fetch=get)  # xpyd_perf does no network I/O: --measured URLs read here
     if command == "render":
         from xpyd_operator.render import main as render_main
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from xpyd_perf import handoffs
 from xpyd_perf.breakeven import BreakEven, break_even, suggest_xpyd
 from xpyd_perf.fits import (
     MAX_SEARCH_GPUS,
@@ -25,6 +27,7 @@ from xpyd_perf.models import MODELS, WEIGHT_BYTES, ModelSpec, UnknownModelError,
 from xpyd_perf.topology import TOPOLOGIES, Topology, UnknownTopologyError, resolve_topology
 
 DEFAULT_GPUS = 8  # the replica the break-even table prices when no size is given (one HGX node)
+Fetch = Callable[[str], str]  # GET a URL, its body as text; OSError or ValueError when it cannot
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quantization", default=None, help=f"weight type: {', '.join(WEIGHT_BYTES)} (default: from the model name)"
     )
+    p.add_argument(
+        "--measured", default=None, metavar="SOURCE",
+        help="put the routers' measured KV handoff per prefill/decode pair beside the predicted transfer: a file "
+        "holding a router's /metrics text, a router's /metrics URL, or a Prometheus URL",
+    )  # fmt: skip
+    p.add_argument(
+        "--measured-window", default="1h", metavar="DURATION",
+        help="with a Prometheus URL: the handoffs of this last stretch (a PromQL duration)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -219,6 +231,31 @@ def _timing_gpus(topo: Topology, gpus: int) -> tuple[int, str]:
     return limit, f"timing priced on {limit} of the replica's {gpus} GPUs (one request runs inside one NVLink domain)"
 
 
+def measured_samples(source: str, window: str, fetch: Fetch | None) -> list[handoffs.PairSample]:
+    """The per-pair handoffs `--measured` names: a /metrics file or URL, or a Prometheus server's query API."""
+    if not source.startswith(("http://", "https://")):
+        with open(source, encoding="utf-8") as f:
+            return handoffs.parse_exposition(f.read())
+    if fetch is None:
+        raise ValueError("--measured: a URL is read by the xpyd command (xpyd plan); here give a /metrics file")
+    if urllib.parse.urlsplit(source).path.rstrip("/").endswith("/metrics"):
+        return handoffs.parse_exposition(fetch(source))
+    if not window or not window[0].isdigit():
+        raise ValueError(f"--measured-window: {window!r} is not a PromQL duration (e.g. 30m, 1h)")
+    base = source.rstrip("/")
+    asked = handoffs.queries(window)
+    return handoffs.parse_query(
+        {name: fetch(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q})}") for name, q in asked.items()}
+    )
+
+
+def _measured(args: argparse.Namespace, gpus: int) -> list[handoffs.PairComparison] | None:
+    if args.measured is None:
+        return None
+    samples = measured_samples(args.measured, args.measured_window, getattr(args, "fetch", None))
+    return handoffs.compare(samples, _model(args), args.topology, gpus, args.kv_bytes_per_token, args.dp_attention)
+
+
 def run(args: argparse.Namespace) -> str:
     topo = resolve_topology(args.topology)
     fit, best = fit_of(args), _smallest(args)
@@ -243,6 +280,7 @@ def run(args: argparse.Namespace) -> str:
         _named(args), args.topology, main_row.prompt_tokens, output, args.rate, gpus, args.itl_target_ms / 1e3
     )
     share = _mix_share(args, mix, gpus) if mix else None
+    measured = _measured(args, gpus)
     if args.json:
         doc: dict[str, object] = dict(main_row.as_dict())
         doc["rows"] = [dict(r.as_dict(), tag=tag) for tag, r in rows]
@@ -263,6 +301,8 @@ def run(args: argparse.Namespace) -> str:
         doc["layout"] = _layout_doc(topo, fit)
         doc["smallest_fit"] = _layout_doc(topo, best)
         doc["timing_gpus"] = gpus
+        if measured is not None:
+            doc["measured"] = [r.as_dict() for r in measured]
         return json.dumps(doc)
     lines = [
         f"{main_row.model} on {main_row.topology}, {fit.gpus} GPUs per replica (disaggregate iff transfer < stall)",
@@ -284,14 +324,18 @@ def run(args: argparse.Namespace) -> str:
         f"(prefill {s.prefill_rps_per_replica:.2f} req/s per replica, "
         f"decode {s.decode_rps_per_replica:.2f} req/s per replica at batch {s.decode_batch})"
     )
+    if measured is not None:
+        lines.append(handoffs.describe(measured, topo.name, args.measured))
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, fetch: Fetch | None = None) -> int:
+    """`xpyd plan`; `fetch` reads `--measured` URLs (the xpyd command passes one: this package does no network I/O)."""
     parser = _parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.model is None and args.model_config is None:
         parser.error("one of --model or --model-config is required")
+    args.fetch = fetch
     try:
         args.shape = read_model_config(args.model_config, args.model) if args.model_config else None
         print(run(args))

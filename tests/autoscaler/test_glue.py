@@ -129,6 +129,55 @@ def test_pending_pods_are_counted() -> None:
     assert pool_runtime(sts, pods, "prefill") == PoolRuntime(3, 1, 1)
 
 
+def _sts(replicas: int, ready: int, surge: str | None) -> dict[str, Any]:
+    notes = {"xpyd.io/rollout-surge": surge} if surge is not None else {}
+    return {"metadata": {"annotations": notes}, "spec": {"replicas": replicas}, "status": {"readyReplicas": ready}}
+
+
+def _pod(ordinal: int, unschedulable: bool = False) -> dict[str, Any]:
+    conds = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}] if unschedulable else []
+    phase = "Pending" if unschedulable else "Running"
+    meta = {"name": f"dd-decode-{ordinal}", "labels": {"xpyd.io/role": "decode"}}
+    return {"metadata": meta, "status": {"phase": phase, "conditions": conds}}
+
+
+# An engine change's lockstep writes the pool's size plus its surge on the StatefulSet (and the surge
+# in an annotation): the autoscaler sizes the pool, not the roll.
+SURGED: list[tuple[str, dict[str, Any], list[dict[str, Any]], PoolRuntime]] = [
+    ("no roll", _sts(4, 4, None), [_pod(i) for i in range(4)], PoolRuntime(4, 4, 0)),
+    ("surge 1, all ready", _sts(5, 5, "1"), [_pod(i) for i in range(5)], PoolRuntime(4, 4, 0)),
+    ("surge 2, one old pod replaced", _sts(6, 5, "2"), [_pod(i) for i in range(6)], PoolRuntime(4, 4, 0)),
+    ("surge 1, pool short", _sts(5, 3, "1"), [_pod(i) for i in range(5)], PoolRuntime(4, 3, 0)),
+    ("surge pod unplaced", _sts(5, 4, "1"), [*(_pod(i) for i in range(4)), _pod(4, True)], PoolRuntime(4, 4, 0)),
+    ("pool pod unplaced", _sts(5, 3, "1"), [*(_pod(i) for i in range(3)), _pod(3, True), _pod(4)],
+     PoolRuntime(4, 3, 1)),
+    ("surge dropped (0)", _sts(4, 4, "0"), [_pod(i) for i in range(4)], PoolRuntime(4, 4, 0)),
+    ("garbled note", _sts(4, 4, "lots"), [_pod(i) for i in range(4)], PoolRuntime(4, 4, 0)),
+    ("note above replicas", _sts(1, 1, "3"), [_pod(0)], PoolRuntime(0, 0, 0)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sts", "pods", "want"), [c[1:] for c in SURGED], ids=[c[0] for c in SURGED])
+def test_a_surged_pool_is_seen_at_its_own_size(sts: dict[str, Any], pods: list[dict[str, Any]],
+                                               want: PoolRuntime) -> None:  # fmt: skip
+    assert pool_runtime(sts, pods, "decode") == want
+
+
+def test_a_roll_s_surge_is_not_taken_for_a_resize() -> None:
+    """Mid-roll the StatefulSet runs 4 + 1: the policy holds the pool at 4 instead of adopting 5 (and the
+    lockstep surging again on top, each period)."""
+    quiet = {r: PoolMetrics(waiting=0.0, kv_usage=0.5, reporting=5, sampled_at=NOW - 2) for r in ("prefill", "decode")}
+    first = run(quiet, runtimes={"prefill": PoolRuntime(2, 2, 0), "decode": PoolRuntime(4, 4, 0)})
+    assert first.desired["decode"] == 4
+    after = {"autoscaler": first.status}
+    rolling = {
+        "prefill": pool_runtime(_sts(3, 3, "1"), [], "prefill"),
+        "decode": pool_runtime(_sts(5, 5, "1"), [], "decode"),
+    }
+    again = run(quiet, after, rolling, NOW + 15)
+    assert again.desired["decode"] == 4 and again.status["decode"]["replicas"] == 4
+
+
 def test_metrics_exported() -> None:
     reg = CollectorRegistry()
     m = AutoscalerMetrics(reg)

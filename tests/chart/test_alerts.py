@@ -29,15 +29,40 @@ def test_alerts_on_slow_and_failing_pairs_with_the_values_thresholds() -> None:
     assert rule["metadata"]["namespace"] == "xpyd-system"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
-    assert set(alerts) == {"XpydKvHandoffSlow", "XpydKvHandoffFailures"}
+    assert set(alerts) == {"XpydKvHandoffSlow", "XpydKvHandoffFailures", "XpydNoPairableWorkers"}
     slow, failing = alerts["XpydKvHandoffSlow"], alerts["XpydKvHandoffFailures"]
     assert slow["for"] == "15m" and failing["for"] == "5m"
     assert f"{names.ROUTER_HANDOFF_LATENCY}_bucket" in slow["expr"]
     assert slow["expr"].rstrip().endswith("> 2")  # the default p99 limit, seconds
     assert names.ROUTER_HANDOFF_FAILURES in failing["expr"]
     assert failing["expr"].rstrip().endswith("> 0.05")
-    for alert in alerts.values():
+    for alert in (slow, failing):
         assert "by (namespace, deployment, prefill, decode" in alert["expr"]  # one alert per pair
-        assert alert["labels"]["severity"] == "warning"
         assert "{{ $labels.prefill }}" in alert["annotations"]["summary"]  # Prometheus' template, left to it
+    for alert in alerts.values():
+        assert alert["labels"]["severity"] == "warning"
         assert not re.search(r"\{\{\s*\.Values", str(alert))
+
+
+@pytest.mark.parametrize(
+    ("values", "for_"),
+    [({}, "5m"), ({"metrics.prometheusRule.unpairedFor": "90s"}, "90s")],
+)
+def test_alerts_on_no_pairable_pair_while_both_roles_have_workers(values: dict[str, str], for_: str) -> None:
+    rule = one(template({KEY: "true", **values}), "PrometheusRule")
+    alert = next(r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "XpydNoPairableWorkers")
+    assert alert["for"] == for_
+    expr = " ".join(alert["expr"].split())
+    # no router of the deployment can pair (max over its replicas)...
+    assert expr.startswith(f"max by (namespace, deployment) ({names.ROUTER_PAIRABLE}) == 0 ")
+    # ...while it knows workers of both roles (a deployment scaled to zero, or decode-only, stays quiet)
+    for role in ("prefill", "decode"):
+        known = f'sum by (namespace, deployment) ({names.ROUTER_WORKERS}{{role="{role}"}})'
+        assert f"and on (namespace, deployment) ({known} > 0)" in expr
+    assert alert["labels"]["severity"] == "warning"
+    assert "{{ $labels.deployment }}" in alert["annotations"]["summary"]
+
+
+def test_the_unpaired_duration_is_a_prometheus_duration() -> None:
+    with pytest.raises(AssertionError, match="unpairedFor"):
+        template({KEY: "true", "metrics.prometheusRule.unpairedFor": "five minutes"})

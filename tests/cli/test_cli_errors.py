@@ -173,7 +173,7 @@ def test_yaml_errors_say_where() -> None:
 def test_an_unexpected_failure_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import xpyd_perf.cli
 
-    def boom(argv: list[str]) -> int:
+    def boom(argv: list[str], **_: object) -> int:  # `xpyd` passes plan its URL reader (fetch=)
         raise ZeroDivisionError("division by zero")
 
     monkeypatch.setattr(xpyd_perf.cli, "main", boom)

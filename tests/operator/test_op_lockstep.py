@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from xpyd_operator import lockstep
+from xpyd_operator.autoscaling.spec import pool_runtime
 from xpyd_operator.lockstep import FAILED, PREVIOUS, PREVIOUS_REV, SURGE, PodView, PoolView, Step
 
 OLD_TEMPLATE = {"metadata": {"labels": {"xpyd.io/engine-rev": "v1"}}, "spec": {"containers": [{"name": "engine"}]}}
@@ -184,3 +185,30 @@ def test_pool_view_reads_pods_partition_and_notes() -> None:
     assert got.pods == (PodView(2, "v2", False, True, 4),)
     assert got.note(SURGE) == "1" and got.template == OLD_TEMPLATE
     assert lockstep.pool_view("decode", desired, None, []).have_rev is None
+
+
+STUCK = PodView(3, "v2", False, unschedulable=True)
+
+
+@pytest.mark.parametrize(
+    ("pools", "surge", "phase"),
+    [
+        ([view("prefill", "v1", 2, running=pods("v1", "v1")), view("decode", "v1", 3, running=pods("v1", "v1", "v1"))],
+         2, "starting"),
+        (rolling(2, 3, pods("v1", "v1", "v2"), pods("v1", "v1", "v1", "v2")), 1, "rolling"),
+        (rolling(2, 3, pods("v1", "v1", "v2"), (*pods("v1", "v1", "v1"), STUCK)), 1, "rolling"),  # surge dropped
+        (rolling(0, 0, pods("v2", "v2", "v2"), pods("v2", "v2", "v2", "v2")), 1, "finishing"),
+        ([view("prefill", "v2", 2, 1, (*pods("v1"), PodView(1, "v2", False, restarts=3)), notes()),
+          view("decode", "v2", 3, 2, pods("v1", "v1", "v2", "v2"), notes())], 1, "rolling-back"),
+    ],
+)  # fmt: skip
+def test_the_autoscaler_reads_each_pool_s_own_size_at_every_phase(pools: list[PoolView], surge: int,
+                                                                  phase: str) -> None:  # fmt: skip
+    """What the lockstep writes on a StatefulSet, read back as the autoscaler reads it: the pool's size, never
+    its size plus the surge (which the autoscaler would take for a resize and keep)."""
+    plan = lockstep.plan(pools, max_surge=surge)
+    assert plan.phase == phase
+    for pool in pools:
+        manifest = {"metadata": {"name": f"dd-{pool.role}"}, "spec": {"replicas": pool.replicas}}
+        written = lockstep.apply(manifest, plan.steps[pool.role], owns_replicas=True)
+        assert pool_runtime(written, [], pool.role).replicas == pool.replicas

@@ -13,6 +13,7 @@ from typing import Any
 from xpyd_api import conditions as C
 from xpyd_api import labels
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
+from xpyd_operator import lockstep
 
 from .policy import XpydPolicy
 from .slo import SloPolicy
@@ -56,15 +57,22 @@ def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role
 
     `sts` is the pool's StatefulSet or LeaderWorkerSet: replicas and readyReplicas count groups for
     the latter, and a group with any unschedulable pod is one starved replica (never a partial one).
+    While an engine change surges a StatefulSet (xpyd_operator.lockstep), the pool is its own size:
+    the surge replicas (top ordinals) count neither in its size, nor as ready above it, nor as starved.
     """
-    replicas = int((sts.get("spec") or {}).get("replicas", 1))
+    surge = rollout_surge(sts)
+    replicas = max(0, int((sts.get("spec") or {}).get("replicas", 1)) - surge)
     ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
+    if surge:
+        ready = min(ready, replicas)
     starved: set[str] = set()
     for pod in pods:
         meta = pod.get("metadata") or {}
         pod_labels = meta.get("labels") or {}
         if pod_labels.get(labels.ROLE) != role:
             continue
+        if surge and _ordinal(str(meta.get("name", ""))) >= replicas:
+            continue  # a surge pod: lockstep drops the surge when the scheduler cannot place it
         status = pod.get("status") or {}
         if status.get("phase") != "Pending":
             continue
@@ -73,6 +81,21 @@ def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role
                 group = pod_labels.get(labels.LWS_GROUP_INDEX)
                 starved.add(f"group/{group}" if group is not None else f"pod/{meta.get('name')}")
     return PoolRuntime(replicas, ready, len(starved))
+
+
+def rollout_surge(sts: Mapping[str, Any]) -> int:
+    """The surge replicas an engine change's lockstep adds on top of the pool's size (0 when none or garbled)."""
+    note = ((sts.get("metadata") or {}).get("annotations") or {}).get(lockstep.SURGE)
+    try:
+        return max(0, int(note)) if note is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _ordinal(pod_name: str) -> int:
+    """A StatefulSet pod's ordinal (its name's last dash-separated part); -1 when it has none."""
+    tail = pod_name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def managed_pools(spec: DisaggregatedDeploymentSpec) -> dict[str, PoolBounds]:
