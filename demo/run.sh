@@ -2,7 +2,8 @@
 # `make demo`: the whole xPyD story on the local cluster that `xpyd cluster up` starts.
 #   1. cluster up   2. helm install the operator   3. apply an HGX-B200 and a GB200-NVL72 deployment
 #   4. show xPyD and placement   5. replay a real trace through the router with a progress bar
-#   6. watch the autoscaler resize the pools (and fail unless both grew and shrank back)
+#   6. watch the autoscaler's SLO policy (the deployment's spec.slo) resize the pools (and fail unless
+#      both grew and shrank back)
 #   7. plot replicas and queues from Prometheus   8. check every dashboard query has data
 # It leaves everything running and prints how to look around; `make demo-down` cleans up.
 # Knobs (environment): DEMO_TRACE (trace to replay, default the repo's Mooncake trace),
@@ -79,7 +80,7 @@ step "Plot of replicas and queues, read back from Prometheus"
 python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"
 
 step "Every Grafana panel's query has data for $DEPLOYMENT (the dashboards ship in the chart)"
-PROMETHEUS_URL="$PROM" python -m e2e.dashboards_check "$NS/$DEPLOYMENT" | tail -3
+PROMETHEUS_URL="$PROM" python -m e2e.dashboards_check --with slo "$NS/$DEPLOYMENT" | tail -3
 
 step "Done in $(( $(date +%s) - started ))s. Everything keeps running; look around:"
 cat <<EOT

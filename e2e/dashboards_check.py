@@ -1,18 +1,21 @@
 """Runs every dashboard panel's PromQL against a real Prometheus: none may error or come back empty.
 
 Used by the autoscaler e2e test (after its load ran through the router and both pools scaled)
-and by `python -m e2e.dashboards_check ns/name ...` after `make demo`.
+and by `python -m e2e.dashboards_check [--with FEATURE] ns/name ...` after `make demo`. A query whose
+series exist only with a feature (xpyd_dashboards.FEATURES: `slo`, a deployment stating spec.slo;
+`scale-to-zero`, one with a pool at minReplicas 0) is asked for data only when `--with` names it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
+from collections.abc import Collection
 
 import httpx
 
-from xpyd_dashboards import all_queries, substitute
+from xpyd_dashboards import FEATURES, all_queries, applicable, substitute
 
 STEP_SECONDS = 15
 
@@ -29,11 +32,14 @@ def run_range(client: httpx.Client, expr: str, window: float) -> list[dict[str, 
     return result
 
 
-def panel_failures(prometheus: str, deployments: list[tuple[str, str]], window: float = 900.0) -> list[str]:
-    """One line per panel query that errors or returns nothing for a deployment, over the last `window` s."""
+def panel_failures(
+    prometheus: str, deployments: list[tuple[str, str]], window: float = 900.0, features: Collection[str] = ()
+) -> list[str]:
+    """One line per panel query that errors or returns nothing for a deployment, over the last `window` s;
+    queries that need a feature outside `features` are left out."""
     failures: list[str] = []
     with httpx.Client(base_url=prometheus.rstrip("/"), timeout=30) as client:
-        for query in all_queries():
+        for query in applicable(all_queries(), features):
             for namespace, name in deployments:
                 expr = substitute(query.expr, namespace=namespace, deployment=name, rate_interval="1m")
                 try:
@@ -45,16 +51,22 @@ def panel_failures(prometheus: str, deployments: list[tuple[str, str]], window: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    summary = (__doc__ or "").split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m e2e.dashboards_check", description=summary)
+    parser.add_argument("deployments", nargs="+", metavar="NAMESPACE/NAME")
+    parser.add_argument(
+        "--with", dest="features", action="append", choices=FEATURES, default=[],
+        help="the deployments have this feature: its queries must have data too (repeatable)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
     prometheus = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
-    deployments = [(a.split("/", 1)[0], a.split("/", 1)[1]) for a in args if "/" in a]
-    if not deployments:
-        print("usage: python -m e2e.dashboards_check NAMESPACE/NAME ... (PROMETHEUS_URL, default local)")
-        return 2
-    failures = panel_failures(prometheus, deployments)
+    deployments = [(a.split("/", 1)[0], a.split("/", 1)[1]) for a in args.deployments if "/" in a]
+    if len(deployments) != len(args.deployments):
+        parser.error("each deployment is NAMESPACE/NAME (PROMETHEUS_URL, default local)")
+    failures = panel_failures(prometheus, deployments, features=args.features)
     for line in failures:
         print("EMPTY", line)
-    total = len(all_queries()) * len(deployments)
+    total = len(applicable(all_queries(), args.features)) * len(deployments)
     print(f"dashboard check: {total - len(failures)}/{total} panel queries have data")
     return 1 if failures else 0
 

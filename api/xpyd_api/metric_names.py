@@ -81,6 +81,11 @@ AUTOSCALER_SCALE_EVENTS: Final = "xpyd_autoscaler_scale_events_total"
 AUTOSCALER_SLO_CORRECTION: Final = "xpyd_autoscaler_slo_model_correction"  # observed / predicted latency
 AUTOSCALER_SLO_PREDICTED: Final = "xpyd_autoscaler_slo_predicted_attainment"  # of the last decision, 0..1
 AUTOSCALER_READY_SECONDS: Final = "xpyd_autoscaler_replica_ready_seconds"  # measured time to Ready
+# spec.slo as the autoscaler runs it (labels namespace, deployment; the targets also latency: ttft, itl)
+AUTOSCALER_SLO_TARGET: Final = "xpyd_autoscaler_slo_target_seconds"  # spec.slo.ttftSeconds / itlSeconds
+AUTOSCALER_SLO_PERCENTILE: Final = "xpyd_autoscaler_slo_percentile"  # spec.slo.percentile: 90, 95 or 99
+AUTOSCALER_SLO_GOAL: Final = "xpyd_autoscaler_slo_attainment_goal"  # spec.slo.attainment, 0..1
+AUTOSCALER_WAKES: Final = "xpyd_autoscaler_wakes_total"  # pools started from zero for requests the router held
 
 # --- the worker emulator's own ---
 EMULATOR_PREFIX_INDEX_BLOCKS: Final = "xpyd_emulator_prefix_index_blocks"

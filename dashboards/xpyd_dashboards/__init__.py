@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from xpyd_dashboards.panels import DASHBOARDS, DashboardSpec, PanelSpec, Query
-from xpyd_dashboards.queries import PanelQuery, all_queries, substitute
+from xpyd_dashboards.panels import DASHBOARDS, FEATURES, DashboardSpec, PanelSpec, Query
+from xpyd_dashboards.queries import PanelQuery, all_queries, applicable, substitute
 
-__all__ = ["DASHBOARDS", "DashboardSpec", "PanelQuery", "PanelSpec", "Query", "all_queries", "substitute"]
+__all__ = [
+    "DASHBOARDS",
+    "FEATURES",
+    "DashboardSpec",
+    "PanelQuery",
+    "PanelSpec",
+    "Query",
+    "all_queries",
+    "applicable",
+    "substitute",
+]

@@ -29,6 +29,14 @@ AUTOSCALER_DESIRED: Final = names.AUTOSCALER_DESIRED
 AUTOSCALER_ACTUAL: Final = names.AUTOSCALER_ACTUAL
 AUTOSCALER_REASON: Final = names.AUTOSCALER_REASON  # 1 for the last decision's reason
 AUTOSCALER_SCALE_EVENTS: Final = names.AUTOSCALER_SCALE_EVENTS
+AUTOSCALER_WAKES: Final = names.AUTOSCALER_WAKES
+# the SLO policy's (spec.slo set): the stated SLO and what the policy has learnt per pool
+AUTOSCALER_SLO_TARGET: Final = names.AUTOSCALER_SLO_TARGET  # label latency: ttft, itl
+AUTOSCALER_SLO_PERCENTILE: Final = names.AUTOSCALER_SLO_PERCENTILE
+AUTOSCALER_SLO_GOAL: Final = names.AUTOSCALER_SLO_GOAL
+AUTOSCALER_SLO_CORRECTION: Final = names.AUTOSCALER_SLO_CORRECTION
+AUTOSCALER_SLO_PREDICTED: Final = names.AUTOSCALER_SLO_PREDICTED
+AUTOSCALER_READY_SECONDS: Final = names.AUTOSCALER_READY_SECONDS
 ROUTER_REQUESTS: Final = names.ROUTER_REQUESTS
 ROUTER_PREFIX_HIT_RATIO: Final = names.ROUTER_PREFIX_HIT_RATIO
 ROUTER_KV_HANDOFFS: Final = names.ROUTER_KV_HANDOFFS
@@ -43,6 +51,8 @@ ROUTER_PAIRS_COOLING: Final = names.ROUTER_PAIRS_COOLING
 ROUTER_REVISION_WORKERS: Final = names.ROUTER_REVISION_WORKERS
 ROUTER_PAIRABLE: Final = names.ROUTER_PAIRABLE
 ROUTER_PAIR_TRIPS: Final = names.ROUTER_PAIR_TRIPS
+ROUTER_HELD: Final = names.ROUTER_HELD  # routers of a deployment that may scale to zero only
+ROUTER_HOLD_OUTCOMES: Final = names.ROUTER_HOLD_OUTCOMES
 ROUTER_INFLIGHT: Final = names.ROUTER_INFLIGHT  # every router has it: the variables list it
 
 # Grafana template variables every per-deployment query is filtered by.
@@ -67,9 +77,11 @@ def worker(metric: str | tuple[str, ...]) -> str:
     return metric[0] + sel if len(metric) == 1 else "(" + " or ".join(n + sel for n in metric) + ")"
 
 
-def own(metric: str) -> str:
-    """One of xpyd's own metrics for the selected deployment (labelled `deployment` by its exporter)."""
-    return f'{metric}{{namespace="$namespace", deployment="$deployment"}}'
+def own(metric: str, **matchers: str) -> str:
+    """One of xpyd's own metrics for the selected deployment (labelled `deployment` by its exporter), and
+    any further label equal to a value (`own(m, latency="ttft")`)."""
+    more = "".join(f', {label}="{value}"' for label, value in matchers.items())
+    return f'{metric}{{namespace="$namespace", deployment="$deployment"{more}}}'
 
 
 def worker_rate(metric: str | tuple[str, ...]) -> str:

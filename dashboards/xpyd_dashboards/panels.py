@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from xpyd_dashboards import metrics as m
+
+# What a deployment must run for some series to exist at all: a query that needs one may be empty
+# without it (e2e/dashboards_check.py asks data of such a query only where told the deployment has it).
+SLO: Final = "slo"  # spec.slo stated: the SLO policy's series
+ZERO: Final = "scale-to-zero"  # a pool with minReplicas 0: the router holds requests, the autoscaler wakes pools
+FEATURES: Final = (SLO, ZERO)
 
 
 @dataclass(frozen=True)
 class Query:
-    """One PromQL target of a panel and the legend Grafana draws for its series."""
+    """One PromQL target of a panel, the legend Grafana draws for its series, and what it needs (FEATURES)."""
 
     expr: str
     legend: str
+    needs: str = ""
+
+    def __post_init__(self) -> None:
+        if self.needs and self.needs not in FEATURES:
+            raise ValueError(f"unknown feature {self.needs!r}; known: {FEATURES}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,96 @@ SCALING = RowSpec(
                 ),
             ),
             width=24,
+        ),
+    ),
+)
+
+
+def _at_slo_percentile(bucket: tuple[str, ...]) -> Query:
+    """An engine latency histogram per pool role at spec.slo.percentile (read from the autoscaler's gauge)."""
+    q = f"scalar(max({m.own(m.AUTOSCALER_SLO_PERCENTILE)})) / 100"
+    by_role = f"sum by (le, xpyd_role) ({m.worker_rate(bucket)})"
+    return Query(f"histogram_quantile({q}, {by_role})", "measured {{xpyd_role}}", SLO)
+
+
+SLO_ROW = RowSpec(
+    "SLO",
+    (
+        PanelSpec(
+            "TTFT: SLO target vs measured",
+            "spec.slo.ttftSeconds against the engines' TTFT at spec.slo.percentile, per pool: prefill's is its "
+            "queue and prefill, decode's the KV handoff and first step, so a request's TTFT is about their sum. "
+            "The SLO policy plans prefill's within the target less the KV handoff. Empty without spec.slo.",
+            "s",
+            (
+                Query(f"max({m.own(m.AUTOSCALER_SLO_TARGET, latency='ttft')})", "target", SLO),
+                _at_slo_percentile(m.TTFT_BUCKET),
+            ),
+        ),
+        PanelSpec(
+            "ITL: SLO target vs measured",
+            "spec.slo.itlSeconds against the engines' inter-token latency at spec.slo.percentile, per pool "
+            "(decode pools produce almost every token). The SLO policy plans decode's step within 90% of the target.",
+            "s",
+            (
+                Query(f"max({m.own(m.AUTOSCALER_SLO_TARGET, latency='itl')})", "target", SLO),
+                _at_slo_percentile(m.ITL_BUCKET),
+            ),
+        ),
+        PanelSpec(
+            "Predicted SLO attainment vs goal",
+            "What the SLO policy predicts of the sizes it chose, per pool, against spec.slo.attainment: prefill, the "
+            "share of requests whose TTFT fits its budget (queueing included); decode, 1 while the planned ITL "
+            "fits the target, else target / planned ITL.",
+            "percentunit",
+            (
+                Query(f"max by (role) ({m.own(m.AUTOSCALER_SLO_PREDICTED)})", "predicted {{role}}", SLO),
+                Query(f"max({m.own(m.AUTOSCALER_SLO_GOAL)})", "goal", SLO),
+            ),
+        ),
+        PanelSpec(
+            "Performance model correction per pool",
+            "Observed / predicted latency, smoothed and bounded to 0.5-4: 1 is xpyd's performance model as is. "
+            "It moves only while a pool carries load (5% of a prefill replica's capacity, a sequence per decode "
+            "replica) and settles as the policy learns the engines.",
+            "short",
+            (Query(f"max by (role) ({m.own(m.AUTOSCALER_SLO_CORRECTION)})", "{{role}}", SLO),),
+        ),
+        PanelSpec(
+            "Replicas chosen per pool",
+            "What the autoscaler asks of each pool (desired) and what is Ready.",
+            "short",
+            (
+                Query(f"sum by (role) ({m.own(m.AUTOSCALER_DESIRED)})", "chosen {{role}}"),
+                Query(f"sum by (role) ({m.own(m.AUTOSCALER_ACTUAL)})", "ready {{role}}"),
+            ),
+            width=8,
+        ),
+        PanelSpec(
+            "Time to serve a new replica",
+            "Measured seconds from a decision that grew a pool to all its replicas Ready (smoothed), per pool: "
+            "the SLO policy sizes for the demand its trend reaches that far ahead. Empty until a scale-up "
+            "completes (60 s assumed until then).",
+            "s",
+            (Query(f"max by (role) ({m.own(m.AUTOSCALER_READY_SECONDS)})", "{{role}}", SLO),),
+            width=8,
+        ),
+        PanelSpec(
+            "Requests held at zero, pools woken",
+            "Requests the routers hold while no worker is ready (a pool at zero or starting), held requests by "
+            "outcome in the last 5 minutes (served, timeout, full: the last two got a 503 with Retry-After), and "
+            "the pools the autoscaler woke for them. Only for deployments with a pool at minReplicas 0.",
+            "short",
+            (
+                Query(f"sum({m.own(m.ROUTER_HELD)})", "held", ZERO),
+                Query(
+                    f"sum by (outcome) (increase({m.own(m.ROUTER_HOLD_OUTCOMES)}[5m]))",
+                    "{{outcome}}",
+                    ZERO,
+                ),
+                Query(f"sum by (role) (increase({m.own(m.AUTOSCALER_WAKES)}[5m]))", "woken {{role}}", ZERO),
+            ),
+            width=8,
         ),
     ),
 )
@@ -291,8 +393,8 @@ DEPLOYMENT = DashboardSpec(
     name="xpyd-deployment",
     uid="xpyd-deployment",
     title="xpyd / DisaggregatedDeployment",
-    description="One DisaggregatedDeployment: pools, queues, latency, KV cache, routing, autoscaling.",
-    rows=(SCALING, LATENCY, CACHE, KV_DATA_PATH),
+    description="One DisaggregatedDeployment: pools, queues, the SLO, latency, KV cache, routing, autoscaling.",
+    rows=(SCALING, SLO_ROW, LATENCY, CACHE, KV_DATA_PATH),
 )
 
 DASHBOARDS: tuple[DashboardSpec, ...] = (DEPLOYMENT,)

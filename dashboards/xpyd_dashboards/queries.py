@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from xpyd_dashboards import metrics as m
-from xpyd_dashboards.panels import DASHBOARDS, DashboardSpec
+from xpyd_dashboards.panels import DASHBOARDS, FEATURES, DashboardSpec
 
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
@@ -19,16 +20,25 @@ class PanelQuery:
     title: str
     legend: str
     expr: str
+    needs: str = ""  # a feature of panels.FEATURES the series exist with only; "" for every deployment
 
 
 def all_queries(dashboards: tuple[DashboardSpec, ...] = DASHBOARDS) -> list[PanelQuery]:
     """Every query of every panel, in display order."""
     return [
-        PanelQuery(spec.name, panel.title, query.legend, query.expr)
+        PanelQuery(spec.name, panel.title, query.legend, query.expr, query.needs)
         for spec in dashboards
         for panel in spec.panels()
         for query in panel.queries
     ]
+
+
+def applicable(queries: list[PanelQuery], features: Collection[str] = ()) -> list[PanelQuery]:
+    """The queries that must have data for a deployment with these features (panels.FEATURES)."""
+    unknown = set(features) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {FEATURES}")
+    return [q for q in queries if not q.needs or q.needs in features]
 
 
 def substitute(expr: str, *, namespace: str, deployment: str, rate_interval: str = "1m") -> str:

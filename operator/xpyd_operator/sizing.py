@@ -44,6 +44,7 @@ MAX_MODEL_LEN: Final = ("--max-model-len", "--context-length")
 MEMORY_UTILIZATION: Final = ("--gpu-memory-utilization", "--mem-fraction-static")
 QUANTIZATION: Final = ("--quantization",)
 KV_CACHE_DTYPE: Final = ("--kv-cache-dtype",)
+MAX_NUM_SEQS: Final = ("--max-num-seqs", "--max-running-requests")  # vLLM's, SGLang's batch cap
 
 
 def flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
@@ -65,6 +66,7 @@ class EngineFlags:
     memory_utilization: float
     quantization: str | None
     fp8_kv_cache: bool
+    max_num_seqs: int | None = None  # sequences one replica runs at once (the engine's default when None)
 
 
 def engine_flags(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> EngineFlags:
@@ -78,6 +80,7 @@ def engine_flags(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> EngineFla
             return None  # the engine will say so; the fits-check falls back to its defaults
 
     length = number(MAX_MODEL_LEN)
+    seqs = number(MAX_NUM_SEQS)
     utilization = number(MEMORY_UTILIZATION)
     kv_dtype = (flag(argv, KV_CACHE_DTYPE) or "").lower()
     return EngineFlags(
@@ -85,6 +88,7 @@ def engine_flags(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> EngineFla
         memory_utilization=utilization if utilization and 0 < utilization <= 1 else GPU_MEMORY_UTILIZATION,
         quantization=flag(argv, QUANTIZATION),
         fp8_kv_cache=kv_dtype.startswith("fp8"),
+        max_num_seqs=int(seqs) if seqs and seqs >= 1 else None,
     )
 
 

@@ -188,6 +188,35 @@ def test_decode_sizing_limits(sequences: float, context: float, itl: float, limi
         assert n == 1
 
 
+@pytest.mark.parametrize(
+    ("engine_args", "decode_args", "want_decode", "want_prefill"),
+    [
+        ([], [], 256, 256),  # vLLM's default
+        ([], ["--max-num-seqs", "16"], 16, 256),
+        (["--max-num-seqs=64"], [], 64, 64),  # the engine's args reach every pool...
+        (["--max-num-seqs=64"], ["--max-num-seqs", "8"], 8, 64),  # ...a pool's own come last and win
+        ([], ["--max-running-requests", "32"], 32, 256),  # SGLang's name
+        ([], ["--max-num-seqs", "0"], 256, 256),  # nonsense: the engine will say so; the default meanwhile
+    ],
+)
+def test_the_batch_cap_is_the_pools_max_num_seqs(
+    engine_args: list[str], decode_args: list[str], want_decode: int, want_prefill: int
+) -> None:
+    doc = spec().model_dump(by_alias=True, exclude_none=True)
+    doc["engine"] = {**doc.get("engine", {}), "args": engine_args}
+    doc["decode"]["args"] = decode_args
+    perfs = replica_perfs(DisaggregatedDeploymentSpec.model_validate(doc))
+    assert (perfs["decode"].max_seqs, perfs["prefill"].max_seqs) == (want_decode, want_prefill)
+
+
+@pytest.mark.parametrize(("max_seqs", "want"), [(256, 1), (16, 4)])
+def test_a_small_batch_cap_grows_decode(max_seqs: int, want: int) -> None:
+    """48 sequences of short answers: one replica's step meets the ITL, but a batch of 16 queues 32 of them."""
+    perf = replace(PERF["decode"], max_seqs=max_seqs)
+    n, _, why = size_decode(perf, 1.0, 48.0, 800.0, 0.05, 64)
+    assert (n, why) == (want, "itl" if want == 1 else "batch")
+
+
 def test_both_pools_follow_the_mix() -> None:
     cap = PERF["prefill"].prefill_tokens_per_second()
     policy = SloPolicy()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from xpyd_dashboards import DASHBOARDS, PanelQuery, all_queries, substitute
+from xpyd_dashboards import DASHBOARDS, FEATURES, PanelQuery, Query, all_queries, applicable, substitute
 from xpyd_dashboards.build import render
 from xpyd_dashboards.cli import TARGETS, main, rendered, stale
 
@@ -20,6 +20,14 @@ REQUIRED_PANELS = (
     "Prefix cache hit ratio",
     "KV handoffs by path",
     "Autoscaler decisions and reasons",
+    # the SLO row
+    "TTFT: SLO target vs measured",
+    "ITL: SLO target vs measured",
+    "Predicted SLO attainment vs goal",
+    "Performance model correction per pool",
+    "Replicas chosen per pool",
+    "Time to serve a new replica",
+    "Requests held at zero, pools woken",
 )
 
 
@@ -108,3 +116,41 @@ def test_substitute(expr: str, want: str) -> None:
 def test_substitute_rejects_unknown_variables() -> None:
     with pytest.raises(ValueError, match=r"unknown Grafana variable \$cluster"):
         substitute('m{cluster="$cluster"}', namespace="ns", deployment="dd")
+
+
+@pytest.mark.parametrize(
+    ("features", "want"),
+    [
+        ((), {""}),
+        (("slo",), {"", "slo"}),
+        (("slo", "scale-to-zero"), {"", "slo", "scale-to-zero"}),
+    ],
+)
+def test_applicable_leaves_out_queries_of_features_not_named(features: tuple[str, ...], want: set[str]) -> None:
+    assert {q.needs for q in applicable(all_queries(), features)} == want
+
+
+def test_features_are_known() -> None:
+    assert set(FEATURES) == {q.needs for q in all_queries()} - {""}
+    with pytest.raises(ValueError, match="unknown features"):
+        applicable(all_queries(), ["slos"])
+    with pytest.raises(ValueError, match="unknown feature"):
+        Query("x", "y", "slos")
+
+
+def test_slo_row_reads_the_autoscalers_slo_series() -> None:
+    row = next(r for r in DASHBOARDS[0].rows if r.title == "SLO")
+    exprs = " ".join(q.expr for p in row.panels for q in p.queries)
+    for name in (
+        "xpyd_autoscaler_slo_target_seconds",
+        "xpyd_autoscaler_slo_percentile",
+        "xpyd_autoscaler_slo_attainment_goal",
+        "xpyd_autoscaler_slo_predicted_attainment",
+        "xpyd_autoscaler_slo_model_correction",
+        "xpyd_autoscaler_desired_replicas",
+        "xpyd_autoscaler_replica_ready_seconds",
+        "xpyd_router_held_requests",
+        "xpyd_router_hold_outcomes_total",
+        "xpyd_autoscaler_wakes_total",
+    ):
+        assert name in exprs, name

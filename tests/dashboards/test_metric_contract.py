@@ -20,6 +20,7 @@ from xpyd_dashboards import all_queries
 from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
 from xpyd_operator.autoscaling.promql import pool_queries
 from xpyd_router import scrape
+from xpyd_router.hold import ColdHold
 from xpyd_router.metrics import RouterMetrics
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -63,6 +64,7 @@ def exposed(worker_metrics: str) -> set[str]:
     """Every sample name the worker, the router and the autoscaler expose."""
     router = RouterMetrics("dd", CollectorRegistry())
     router.kv_events(dict)  # as a router with a tokenizer exports them: per worker, none subscribed yet
+    router.hold(ColdHold(1.0))  # as the router of a deployment that may scale to zero (--hold-seconds)
     autoscaler_registry = CollectorRegistry()
     AutoscalerMetrics(autoscaler_registry)
     own = set()

@@ -100,6 +100,7 @@ async def autoscale(
         result.decision,
         {r: rt.replicas for r, rt in runtimes.items()},
         {r: rt.ready for r, rt in runtimes.items()},
+        spec.slo,
     )
     return result
 

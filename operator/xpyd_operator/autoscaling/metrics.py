@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from xpyd_api import metric_names as names
+from xpyd_api.models import SloSpec
 
 from .types import Decision, PoolDecision
 
@@ -23,11 +24,14 @@ REASONS = (
     "ratio-band",
     "gpu-ceiling",
     "static",
+    "wake",
 )
+LATENCIES = ("ttft", "itl")  # the label of the SLO's targets
 
 
 class AutoscalerMetrics:
-    """Desired vs actual replicas per pool, the reason of the last decision, health and scale events."""
+    """Desired vs actual replicas per pool, the reason of the last decision, health, scale events and wakes,
+    the stated SLO and what the SLO policy has learnt."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         labels = ["namespace", "deployment", "role"]
@@ -60,6 +64,32 @@ class AutoscalerMetrics:
             [*labels, "direction"],
             registry=registry,
         )
+        self.wakes = Counter(
+            names.AUTOSCALER_WAKES,
+            "Pools started from zero because the router held requests for a worker (decision reason wake)",
+            labels,
+            registry=registry,
+        )
+        # spec.slo as the SLO policy runs it (absent for a deployment without one)
+        deployment = ["namespace", "deployment"]
+        self.slo_target = Gauge(
+            names.AUTOSCALER_SLO_TARGET,
+            "spec.slo's latency target at its percentile, seconds: latency ttft (ttftSeconds) or itl (itlSeconds)",
+            [*deployment, "latency"],
+            registry=registry,
+        )
+        self.slo_percentile = Gauge(
+            names.AUTOSCALER_SLO_PERCENTILE,
+            "spec.slo.percentile: the percentile (90, 95 or 99) both latency targets hold at",
+            deployment,
+            registry=registry,
+        )
+        self.slo_goal = Gauge(
+            names.AUTOSCALER_SLO_GOAL,
+            "spec.slo.attainment: the share of requests that must meet both targets, 0..1",
+            deployment,
+            registry=registry,
+        )
 
     def record(
         self,
@@ -68,8 +98,10 @@ class AutoscalerMetrics:
         decision: Decision,
         current: Mapping[str, int],
         ready: Mapping[str, int],
+        slo: SloSpec | None = None,
     ) -> None:
         self.healthy.labels(namespace, deployment).set(1 if decision.healthy else 0)
+        self._slo(namespace, deployment, slo)
         for role, d in decision.pools.items():
             self._pool(namespace, deployment, role, d, current.get(role, 0), ready.get(role, 0))
             st = decision.state.get(role)
@@ -82,6 +114,19 @@ class AutoscalerMetrics:
                 if value is not None:
                     gauge.labels(namespace, deployment, role).set(value)
 
+    def _slo(self, ns: str, dep: str, slo: SloSpec | None) -> None:
+        """The stated SLO's series; removed when the spec no longer states one."""
+        if slo is None:
+            for latency in LATENCIES:
+                self.slo_target.remove(ns, dep, latency)
+            self.slo_percentile.remove(ns, dep)
+            self.slo_goal.remove(ns, dep)
+            return
+        self.slo_target.labels(ns, dep, "ttft").set(slo.ttft_seconds)
+        self.slo_target.labels(ns, dep, "itl").set(slo.itl_seconds)
+        self.slo_percentile.labels(ns, dep).set(slo.percentile)
+        self.slo_goal.labels(ns, dep).set(slo.attainment)
+
     def _pool(self, ns: str, dep: str, role: str, d: PoolDecision, current: int, ready: int) -> None:
         self.desired.labels(ns, dep, role).set(d.desired)
         self.actual.labels(ns, dep, role).set(ready)
@@ -90,6 +135,8 @@ class AutoscalerMetrics:
         if d.desired != current:
             direction = "up" if d.desired > current else "down"
             self.scale_events.labels(ns, dep, role, direction).inc()
+            if d.reason == "wake":
+                self.wakes.labels(ns, dep, role).inc()
 
 
 _DEFAULT: AutoscalerMetrics | None = None

@@ -8,7 +8,8 @@ from the engines' own latency. Both pools are one decision over the same traffic
   quantile (service + queueing) fits the target less the KV handoff;
 - decode from the sequences it runs and those about to arrive (queued here and at prefill), at the
   smallest size whose decode step (the ITL) fits the target, whose KV cache holds them with
-  headroom and whose batch stays under the engine's cap; so the P:D ratio follows the mix.
+  headroom and whose batch stays under the engine's cap (the pool's --max-num-seqs, else vLLM's
+  256), since sequences past it queue and wait out their TTFT; so the P:D ratio follows the mix.
 
 Demand is extrapolated along its recent trend by the measured time to Ready (ahead of ramps, never
 below now). Moving the sizes (up at once, down to the stabilization window's maximum, cooldowns,
@@ -39,7 +40,6 @@ DEFAULT_READY_S: Final = 60.0  # a new replica's time to Ready until one is meas
 READY_ALPHA: Final = 0.5
 MAX_UTILIZATION: Final = 0.9  # a prefill pool is never planned fuller than this
 KV_HEADROOM: Final = 0.8  # decode KV cache planned at most this full (sequences still grow)
-MAX_SEQS: Final = 256  # vLLM's max_num_seqs: a larger batch queues
 BATCH_HEADROOM: Final = 0.9
 TTFT_MARGIN: Final = 1.0  # plan TTFT this far under its target
 ITL_MARGIN: Final = 0.9  # plan the decode step this far under the ITL target (replica imbalance)
@@ -98,7 +98,7 @@ def size_decode(
     """The fewest replicas (up to `top`) meeting the ITL, the KV cache and the batch cap; with its ITL and limit."""
     kv_need = sequences * context * GROWTH
     by_kv = math.ceil(kv_need / (perf.kv_capacity_tokens * KV_HEADROOM))
-    by_batch = math.ceil(sequences / (MAX_SEQS * BATCH_HEADROOM))
+    by_batch = math.ceil(sequences / (perf.max_seqs * BATCH_HEADROOM))
     start = max(1, by_kv, by_batch)
     limit = "kv-cache" if by_kv > 1 and by_kv >= by_batch else "batch" if by_batch > 1 else "itl"
     for n in range(min(start, top), top + 1):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from xpyd_api.models import DisaggregatedDeploymentSpec
-from xpyd_operator.sizing import catalog_model, replica_fit_of
+from xpyd_operator.sizing import catalog_model, engine_flags, replica_fit_of
 from xpyd_perf import GpuSpec, ModelSpec, handoff_lanes, handoff_seconds, kv_bytes, prefill_seconds, step_seconds
 from xpyd_perf.hardware import RDMA
 
@@ -22,6 +22,7 @@ CHUNK_TOKENS: Final = 8192  # vLLM's max_num_batched_tokens: one prefill step's 
 CORRECTION_BOUNDS: Final = (0.5, 4.0)  # the model is never believed off by more than this
 CORRECTION_ALPHA: Final = 0.3  # weight of a new sample in the smoothed correction
 MIN_UTILIZATION_TO_LEARN: Final = 0.05  # below it latency is noise around the idle floor
+MAX_SEQS: Final = 256  # vLLM's default --max-num-seqs: a larger batch queues
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ReplicaPerf:
     gpus: int
     kv_capacity_tokens: int
     handoff_lanes: int = 1
+    max_seqs: int = MAX_SEQS  # the engine's batch cap (--max-num-seqs, SGLang's --max-running-requests)
 
     def prefill_seconds(self, new_tokens: float) -> float:
         """Time to compute `new_tokens` prompt tokens (cache misses), in chunks of one step each."""
@@ -75,7 +77,8 @@ def replica_perfs(spec: DisaggregatedDeploymentSpec) -> dict[str, ReplicaPerf]:
         per_token = spec.model.kv_bytes_per_token or model.kv_bytes_per_token
         capacity = int(fit.kv_room_bytes_per_gpu * gpus // max(1, per_token))
         lanes = handoff_lanes(model, min(tps), max(tps))
-        out[role] = ReplicaPerf(model, topology.gpu, gpus, max(1, capacity), lanes)
+        seqs = engine_flags(spec, pool).max_num_seqs or MAX_SEQS
+        out[role] = ReplicaPerf(model, topology.gpu, gpus, max(1, capacity), lanes, seqs)
     return out
 
 
