@@ -19,6 +19,10 @@ MODEL=meta-llama/Llama-3.1-70B-Instruct
 PROM=${PROMETHEUS_URL:-http://127.0.0.1:9090}
 PLOT=${DEMO_PLOT:-$XPYD_CACHE/demo-autoscaling.png}  # never a tracked file (DEMO_PLOT=docs/images/... to refresh the README's)
 TRACE=${DEMO_TRACE:-data/traces/conversation_trace.jsonl}
+RESULTS=${DEMO_RESULTS:-$XPYD_CACHE/demo-slo.md}  # never a tracked file (DEMO_RESULTS=bench/results/demo-slo.md to refresh)
+MANIFEST=examples/demo/hgx-b200-emulated.yaml
+read -r SLO_TTFT SLO_ITL _ < <(python demo/results.py --manifest "$MANIFEST" --print-slo)
+PHASES=$(mktemp -d)
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 started=$(date +%s)
 
@@ -60,12 +64,14 @@ wait_shrunk() { # seconds: until both pools are back to one ready replica, print
 
 step "Phase 1: long prompts (prefill pressure): the Mooncake conversation trace in real time, through $ROUTER"
 xpyd load --url "$ROUTER" --model "$MODEL" --trace "$TRACE" --speedup 1 --max-output-tokens 16 \
-  --max-requests 400 --duration 60 --max-in-flight 256
+  --max-requests 400 --duration 60 --max-in-flight 256 --slo-ttft "$SLO_TTFT" --slo-itl "$SLO_ITL" \
+  | tee "$PHASES/phase1.txt"
 kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
 
 step "Phase 2: long answers (decode pressure): 8 requests/s of 512-token answers"
 xpyd load --url "$ROUTER" --model "$MODEL" --rate 8 --prompt-tokens 256 --output-tokens 512 \
-  --max-output-tokens 512 --max-requests 400 --duration 45 --max-in-flight 256
+  --max-output-tokens 512 --max-requests 400 --duration 45 --max-in-flight 256 --slo-ttft "$SLO_TTFT" \
+  --slo-itl "$SLO_ITL" | tee "$PHASES/phase2.txt"
 kubectl -n "$NS" get dd "$DEPLOYMENT"; autoscaler
 
 step "Load stopped: the pools shrink back through the stabilization window"
@@ -79,6 +85,12 @@ python demo/verify.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$
 step "Plot of replicas and queues, read back from Prometheus"
 python demo/plot.py --prometheus "$PROM" --deployment "$DEPLOYMENT" --since "$load_start" --out "$PLOT"
 
+step "The SLO the deployment states, as its clients saw it (TTFT <= ${SLO_TTFT} s, ITL <= ${SLO_ITL} s)"
+python demo/results.py --manifest "$MANIFEST" --out "$RESULTS" \
+  "Phase 1: long prompts (Mooncake trace, the first minute, from 1P1D)=$PHASES/phase1.txt" \
+  "Phase 2: long answers (8 req/s, 512 tokens)=$PHASES/phase2.txt" | tail -4
+rm -rf "$PHASES"
+
 step "Every Grafana panel's query has data for $DEPLOYMENT (the dashboards ship in the chart)"
 PROMETHEUS_URL="$PROM" python -m e2e.dashboards_check --with slo "$NS/$DEPLOYMENT" | tail -3
 
@@ -91,5 +103,6 @@ cat <<EOT
   xpyd load --url $ROUTER --model $MODEL --rate 4 --duration 30
   open $PROM                                 # Prometheus (try: vllm:num_requests_waiting)
   plot: $PLOT
+  SLO results: $RESULTS
   make demo-down                             # stop everything
 EOT

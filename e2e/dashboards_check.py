@@ -33,13 +33,16 @@ def run_range(client: httpx.Client, expr: str, window: float) -> list[dict[str, 
 
 
 def panel_failures(
-    prometheus: str, deployments: list[tuple[str, str]], window: float = 900.0, features: Collection[str] = ()
-) -> list[str]:
+    prometheus: str, deployments: list[tuple[str, str]], window: float = 900.0, features: Collection[str] = (),
+    only: str | None = None,
+) -> list[str]:  # fmt: skip
     """One line per panel query that errors or returns nothing for a deployment, over the last `window` s;
-    queries that need a feature outside `features` are left out."""
+    queries that need a feature outside `features` are left out, and with `only` every query but that
+    feature's (a test of the feature alone)."""
     failures: list[str] = []
+    queries = applicable(all_queries(), {*features, only} if only else features)
     with httpx.Client(base_url=prometheus.rstrip("/"), timeout=30) as client:
-        for query in applicable(all_queries(), features):
+        for query in queries if only is None else [q for q in queries if q.needs == only]:
             for namespace, name in deployments:
                 expr = substitute(query.expr, namespace=namespace, deployment=name, rate_interval="1m")
                 try:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
+from .dashboards_check import panel_failures
 from .kube import chart_namespace, kubectl
 from .kube import find_json as get_json
 from .load_clients import pod_urls, wait_until
@@ -115,6 +116,9 @@ async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace:
                                  STABILIZATION_S + 240)  # fmt: skip
                 idle_to_zero = time.monotonic() - t_idle
                 assert await listed() == [MODEL]  # at zero again, the model is still listed
+    # The dashboards' scale-to-zero panels (held requests, their outcomes, pools woken) have data for it.
+    failures = await asyncio.to_thread(panel_failures, PROMETHEUS, [(ns, NAME)], 900.0, (), "scale-to-zero")
+    assert not failures, "\n".join(failures)
     dd = get_json("dd", NAME, "-n", ns) or {}
     auto = (dd.get("status") or {}).get("autoscaler") or {}
     reasons = {role: (auto.get(role) or {}).get("reason") for role in ("prefill", "decode")}
