@@ -11,8 +11,10 @@ import kopf
 from pydantic import ValidationError
 
 from xpyd_api.podmodels import NetworkSpec
+from xpyd_http import hub
 from xpyd_operator import opmetrics, preflight
 from xpyd_operator.handlers import Options, register
+from xpyd_operator.modelhub import HubSettings
 from xpyd_operator.reconcile import Config
 
 
@@ -70,6 +72,19 @@ def _parser() -> argparse.ArgumentParser:
         help="address for --metrics-port (env XPYD_BIND_HOST; default all interfaces)",
     )
     p.add_argument(
+        "--model-hub",
+        action="store_true",
+        default=os.environ.get("XPYD_MODEL_HUB", "").strip().lower() in ("1", "true", "yes", "on"),
+        help="fetch the config.json of a model outside the catalog that the spec gives none for from the "
+        "Hugging Face Hub (needs egress to it; env XPYD_MODEL_HUB; the token of gated models: env HF_TOKEN)",
+    )
+    p.add_argument(
+        "--model-hub-endpoint",
+        default=hub.env_endpoint(),
+        metavar="URL",
+        help=f"the hub or a mirror for --model-hub (env HF_ENDPOINT; default {hub.DEFAULT_ENDPOINT})",
+    )
+    p.add_argument(
         "--startup-timeout",
         type=float,
         default=30.0,
@@ -93,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"xpyd operator: --default-network: {' '.join(str(exc).split())}", flush=True)
         return 2
+    model_hub = None
+    if args.model_hub:
+        model_hub = HubSettings(endpoint=args.model_hub_endpoint.rstrip("/"), token=hub.env_token())
+        try:
+            hub.check_endpoint(model_hub.fetch_options())
+        except hub.HubError as exc:
+            print(f"xpyd operator: {exc}", flush=True)
+            return 2
     try:
         preflight.wait_reachable(preflight.api_server(), args.startup_timeout)
     except preflight.PreflightError as exc:
@@ -105,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=list(args.namespace),
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
-        config=Config(args.image, args.router_image, tuple(args.image_pull_secret), default_network=network),
+        config=Config(
+            args.image, args.router_image, tuple(args.image_pull_secret), default_network=network, model_hub=model_hub
+        ),
     )
     if args.metrics_port:
         opmetrics.serve(args.metrics_port, args.metrics_address)

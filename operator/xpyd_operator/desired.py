@@ -79,7 +79,9 @@ def current_pins(observed: Observed, owner: Owner, roles: list[str]) -> dict[str
 MODEL_CONFIG_HINT = (
     "to serve a model outside the catalog give its Hugging Face config.json: "
     "kubectl -n <namespace> create configmap <name> --from-file=config.json and spec.model.configMap.name: <name> "
-    "(or the keys inline in spec.model.config), or set spec.model.kvBytesPerToken"
+    "(or the keys inline in spec.model.config), or set spec.model.kvBytesPerToken, "
+    "or let the operator fetch it from the Hugging Face Hub (xpyd operator --model-hub; "
+    "helm value operator.modelHub.enabled=true)"
 )
 
 

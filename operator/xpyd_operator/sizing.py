@@ -44,6 +44,7 @@ MAX_MODEL_LEN: Final = ("--max-model-len", "--context-length")
 MEMORY_UTILIZATION: Final = ("--gpu-memory-utilization", "--mem-fraction-static")
 QUANTIZATION: Final = ("--quantization",)
 KV_CACHE_DTYPE: Final = ("--kv-cache-dtype",)
+REVISION: Final = ("--revision",)
 
 
 def flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
@@ -106,6 +107,27 @@ def declared_model(spec: DisaggregatedDeploymentSpec) -> ModelSpec | None:
         return resolve_model(spec.model.name)
     except UnknownModelError:
         return None
+
+
+def unknown_shape(spec: DisaggregatedDeploymentSpec) -> bool:
+    """Nothing in the spec or the catalog gives the model's shape: no config, no configMap, no kvBytesPerToken,
+    a name outside the catalog (the model hub, when on, is asked for its config.json)."""
+    model = spec.model
+    if model.config is not None or model.config_map is not None or model.kv_bytes_per_token is not None:
+        return False
+    try:
+        resolve_model(model.name)
+    except UnknownModelError:
+        return True
+    return False
+
+
+def model_revision(spec: DisaggregatedDeploymentSpec) -> str:
+    """The revision the engines load (--revision in spec.engine.args, else a pool's args), else main."""
+    for argv in (spec.engine.args, *(pool.args for pool in spec.pools().values())):
+        if found := flag(argv, REVISION):
+            return found
+    return "main"
 
 
 def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = None) -> ModelSpec | None:

@@ -220,3 +220,33 @@ def test_rendered_crds_equal_the_source(keep: bool) -> None:
         source["metadata"].pop("labels", None)
         source["metadata"].pop("annotations", None)
         assert rendered == source
+
+
+@pytest.mark.parametrize(
+    ("values", "env"),
+    [
+        ({}, {}),
+        (
+            {"operator.modelHub.enabled": "true"},
+            {"XPYD_MODEL_HUB": {"value": "true"}, "HF_ENDPOINT": {"value": "https://huggingface.co"}},
+        ),
+        (
+            {
+                "operator.modelHub.enabled": "true",
+                "operator.modelHub.endpoint": "https://hf-mirror.example.com",
+                "operator.modelHub.tokenSecret.name": "hf",
+            },
+            {
+                "XPYD_MODEL_HUB": {"value": "true"},
+                "HF_ENDPOINT": {"value": "https://hf-mirror.example.com"},
+                "HF_TOKEN": {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+            },
+        ),
+        ({"operator.modelHub.tokenSecret.name": "hf"}, {}),  # off: no token either
+    ],
+)
+def test_model_hub_env(values: dict[str, str], env: dict[str, dict[str, Any]]) -> None:
+    """The model hub reaches the operator as environment; the token by secretKeyRef (no Secret read grant)."""
+    hub_names = {"XPYD_MODEL_HUB", "HF_ENDPOINT", "HF_TOKEN"}
+    got = {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in _container(template(values))["env"]}
+    assert {k: v for k, v in got.items() if k in hub_names} == env

@@ -61,3 +61,27 @@ async def test_loops_start_once_for_valid_specs_with_autoscaling_on() -> None:
     assert scalers.tasks == first  # a running loop is not started twice
     await scalers.close()
     assert scalers.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "on", "endpoint"),
+    [
+        ({}, [], False, "https://huggingface.co"),
+        ({"XPYD_MODEL_HUB": "true", "HF_ENDPOINT": "https://mirror.example/"}, [], True, "https://mirror.example"),
+        ({}, ["--model-hub", "--model-hub-endpoint", "http://127.0.0.1:9"], True, "http://127.0.0.1:9"),
+    ],
+)
+def test_model_hub_flags_and_env(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str], on: bool, endpoint: str
+) -> None:
+    for name in ("XPYD_MODEL_HUB", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = cli._parser().parse_args(argv)
+    assert (args.model_hub, args.model_hub_endpoint) == (on, endpoint)
+
+
+def test_a_bad_model_hub_endpoint_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--model-hub", "--model-hub-endpoint", "ftp://mirror"]) == 2
+    assert "--model-hub-endpoint must be an http(s) URL" in capsys.readouterr().out
