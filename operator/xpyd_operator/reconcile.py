@@ -28,6 +28,7 @@ from xpyd_operator.desired import (
 )
 from xpyd_operator.meta import Owner, child_name, default_own_image
 from xpyd_operator.modelhub import HubSettings, ModelHub
+from xpyd_operator.routerkit import MonitorSettings
 from xpyd_perf import ModelConfigError, Topology, parse_json
 
 log = logging.getLogger("xpyd.operator")
@@ -53,6 +54,7 @@ class Config:
     image_pull_secrets: tuple[str, ...] = ()  # for every pod the operator makes, in any namespace
     default_network: NetworkSpec | None = None  # for deployments without spec.network (--default-network)
     model_hub: HubSettings | None = None  # fetch config.json of models the spec and the catalog do not know
+    router_monitor: MonitorSettings | None = None  # PodMonitors for TLS routers (--router-pod-monitor)
 
     def images(self) -> tuple[str, str]:
         own = self.own_image or default_own_image()
@@ -170,7 +172,15 @@ class Reconciler:
         observed = await self.kube.observe(owner, spec.topology.hardware)
         own_image, router_image = self.config.images()
         desired: Desired = (
-            desire(owner, spec, observed, own_image, router_image, self.config.image_pull_secrets)
+            desire(
+                owner,
+                spec,
+                observed,
+                own_image,
+                router_image,
+                self.config.image_pull_secrets,
+                self.config.router_monitor,
+            )
             if problem is None
             else Desired(None, [], problem)  # the spec's config.json is not readable: leave every child as it is
         )
