@@ -44,7 +44,6 @@ MAX_MODEL_LEN: Final = ("--max-model-len", "--context-length")
 MEMORY_UTILIZATION: Final = ("--gpu-memory-utilization", "--mem-fraction-static")
 QUANTIZATION: Final = ("--quantization",)
 KV_CACHE_DTYPE: Final = ("--kv-cache-dtype",)
-REVISION: Final = ("--revision",)
 
 
 def flag(argv: Sequence[str], names: Sequence[str]) -> str | None:
@@ -120,6 +119,9 @@ def unknown_shape(spec: DisaggregatedDeploymentSpec) -> bool:
     except UnknownModelError:
         return True
     return False
+
+
+REVISION: Final = ("--revision",)  # the checkpoint's branch, tag or commit (vLLM's and SGLang's flag)
 
 
 def model_revision(spec: DisaggregatedDeploymentSpec) -> str:
