@@ -517,16 +517,60 @@ def metrics() -> list[Metric]:
     return sorted(out, key=lambda m: (m.exporter, m.name))
 
 
-def metrics_page() -> str:
+EMULATOR_FLAVOURS: Final = {"vllm": "emulator (vLLM)", "sglang": "emulator (SGLang)"}
+
+
+def emulator_metrics() -> list[Metric]:
+    """Every series the engine emulator exports at /metrics, per engine it speaks for (`--engine`): parsed
+    from what its exposition writes for one engine (a KV connector on, so the NIXL series show)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from xpyd_api.engines import METRICS
+    from xpyd_emulator.metrics import EngineMetrics, render_engines
+    from xpyd_emulator.worker import sglang_labels
+
+    out: list[Metric] = []
+    for flavour, exporter in EMULATOR_FLAVOURS.items():
+        labels = sglang_labels("reference", None) if flavour == "sglang" else None
+        engine = EngineMetrics("reference", 16, 1024, 0, labels)
+        engine.nixl = True
+        text = render_engines([engine], METRICS[flavour])
+        out += _families(text_string_to_metric_families(text), exporter, {})
+    return out  # in the exposition's order, as a scrape shows them
+
+
+def _metric_rows(found: Iterable[Metric]) -> list[str]:
     rows = ["| Exporter | Metric | Type | Labels | Help |", "|---|---|---|---|---|"]
-    for m in metrics():
+    for m in found:
         rows.append(f"| {m.exporter} | `{m.name}` | {m.type} | {', '.join(f'`{x}`' for x in m.labels)} | {m.help} |")
+    return rows
+
+
+def metrics_page() -> str:
     intro = (
         "xpyd's own Prometheus series: the router's (`/metrics` on its port), the operator's and its\n"
         "autoscaler's (`--metrics-port`). The engines' series xpyd reads are listed in\n"
         f"`api/xpyd_api/metric_names.py` and [operate.md]({_docs('operate.md')}#metrics).\n\n"
     )
-    return _header("Metrics", "the router's, operator's and autoscaler's registries") + intro + "\n".join(rows) + "\n"
+    emulator = (
+        "\n## The engine emulator\n\n"
+        "What `xpyd emulate` (engine kind `emulator`) serves at `/metrics`: the series of the engine whose\n"
+        "command line it is given (`xpyd emulate -- vllm serve ...`, or SGLang's, which serves them with\n"
+        "`--enable-metrics`), under that engine's names (`api/xpyd_api/engines.py`), and its own\n"
+        "`xpyd_emulator_*`. A data-parallel vLLM replica writes one sample per rank (`engine`); the NIXL\n"
+        "series appear with a KV connector (`--kv-transfer-config`). Written by\n"
+        "`emulator/xpyd_emulator/metrics.py`.\n\n"
+    )
+    source = "the router's, operator's and autoscaler's registries and the emulator's exposition"
+    return (
+        _header("Metrics", source)
+        + intro
+        + "\n".join(_metric_rows(metrics()))
+        + "\n"
+        + emulator
+        + "\n".join(_metric_rows(emulator_metrics()))
+        + "\n"
+    )
 
 
 PAGES: Final[dict[str, Callable[[], str]]] = {

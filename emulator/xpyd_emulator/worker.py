@@ -74,7 +74,7 @@ class Worker:
         self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching, ranks=ranks)
         name = cfg.served_model_names[0]
         self.metric_names = METRICS[cfg.engine]  # the engine's own names (xpyd_api.engines)
-        labels = _sglang_labels(name, cfg.disaggregation_mode) if cfg.engine == "sglang" else None
+        labels = sglang_labels(name, cfg.disaggregation_mode) if cfg.engine == "sglang" else None
         self.rank_metrics = [
             EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r, labels) for r in range(ranks)
         ]
@@ -381,7 +381,7 @@ def handoff_facts(cfg: EmulatorConfig) -> handoff.HandoffFacts:
     return replace(facts, block_size=str(cfg.block_size))
 
 
-def _sglang_labels(model: str, mode: str | None) -> str:
+def sglang_labels(model: str, mode: str | None) -> str:
     """SGLang's scheduler metric labels (observability/metrics_collector.py), for one scheduler."""
     kind = mode or "unified"
     return f'engine_type="{kind}",model_name="{model}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'

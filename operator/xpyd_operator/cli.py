@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 
@@ -11,9 +12,29 @@ import kopf
 from pydantic import ValidationError
 
 from xpyd_api.podmodels import NetworkSpec
+from xpyd_http import hub
 from xpyd_operator import opmetrics, preflight
 from xpyd_operator.handlers import Options, register
+from xpyd_operator.modelhub import HubSettings
 from xpyd_operator.reconcile import Config
+from xpyd_operator.routerkit import MonitorSettings
+
+
+def _on(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _labels(text: str) -> dict[str, str]:
+    """--pod-monitor-labels: a JSON object of strings; ValueError naming the problem."""
+    if not text.strip():
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg}") from None
+    if not isinstance(doc, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in doc.items()):
+        raise ValueError("want a JSON object of string labels")
+    return dict(doc)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +91,38 @@ def _parser() -> argparse.ArgumentParser:
         help="address for --metrics-port (env XPYD_BIND_HOST; default all interfaces)",
     )
     p.add_argument(
+        "--model-hub",
+        action="store_true",
+        default=_on(os.environ.get("XPYD_MODEL_HUB", "")),
+        help="fetch the config.json of a model outside the catalog that the spec gives none for from the "
+        "Hugging Face Hub (needs egress to it; env XPYD_MODEL_HUB; the token of gated models: env HF_TOKEN)",
+    )
+    p.add_argument(
+        "--model-hub-endpoint",
+        default=hub.env_endpoint(),
+        metavar="URL",
+        help=f"the hub or a mirror for --model-hub (env HF_ENDPOINT; default {hub.DEFAULT_ENDPOINT})",
+    )
+    p.add_argument(
+        "--router-pod-monitor",
+        action="store_true",
+        default=_on(os.environ.get("XPYD_ROUTER_POD_MONITOR", "")),
+        help="where the cluster serves the Prometheus Operator's PodMonitor: one per deployment whose router serves "
+        "TLS, scraping it over HTTPS with the TLS Secret's ca.crt (env XPYD_ROUTER_POD_MONITOR; the chart sets it "
+        "with its own PodMonitor)",
+    )
+    p.add_argument(
+        "--pod-monitor-interval",
+        default=os.environ.get("XPYD_POD_MONITOR_INTERVAL") or "15s",
+        help="scrape interval of those PodMonitors (env XPYD_POD_MONITOR_INTERVAL)",
+    )
+    p.add_argument(
+        "--pod-monitor-labels",
+        default=os.environ.get("XPYD_POD_MONITOR_LABELS", ""),
+        metavar="JSON",
+        help='labels on those PodMonitors, e.g. \'{"release":"kube-prometheus-stack"}\' (env XPYD_POD_MONITOR_LABELS)',
+    )
+    p.add_argument(
         "--startup-timeout",
         type=float,
         default=30.0,
@@ -93,6 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError) as exc:
         print(f"xpyd operator: --default-network: {' '.join(str(exc).split())}", flush=True)
         return 2
+    model_hub = None
+    if args.model_hub:
+        model_hub = HubSettings(endpoint=args.model_hub_endpoint.rstrip("/"), token=hub.env_token())
+        try:
+            hub.check_endpoint(model_hub.fetch_options())
+        except hub.HubError as exc:
+            print(f"xpyd operator: {exc}", flush=True)
+            return 2
+    monitor = None
+    if args.router_pod_monitor:
+        try:
+            monitor = MonitorSettings(args.pod_monitor_interval, _labels(args.pod_monitor_labels))
+        except ValueError as exc:
+            print(f"xpyd operator: --pod-monitor-labels: {exc}", flush=True)
+            return 2
     try:
         preflight.wait_reachable(preflight.api_server(), args.startup_timeout)
     except preflight.PreflightError as exc:
@@ -105,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=list(args.namespace),
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
-        config=Config(args.image, args.router_image, tuple(args.image_pull_secret), default_network=network),
+        config=Config(
+            args.image,
+            args.router_image,
+            tuple(args.image_pull_secret),
+            default_network=network,
+            model_hub=model_hub,
+            router_monitor=monitor,
+        ),
     )
     if args.metrics_port:
         opmetrics.serve(args.metrics_port, args.metrics_address)

@@ -31,6 +31,7 @@ class Observed:
     own_pods: list[dict[str, Any]] = field(default_factory=list)
     compute_domain_crd: bool = False
     lws_crd: bool = False  # leaderworkersets.leaderworkerset.x-k8s.io is installed
+    pod_monitor_crd: bool = False  # podmonitors.monitoring.coreos.com is installed (the Prometheus Operator)
 
 
 @dataclass
@@ -79,7 +80,9 @@ def current_pins(observed: Observed, owner: Owner, roles: list[str]) -> dict[str
 MODEL_CONFIG_HINT = (
     "to serve a model outside the catalog give its Hugging Face config.json: "
     "kubectl -n <namespace> create configmap <name> --from-file=config.json and spec.model.configMap.name: <name> "
-    "(or the keys inline in spec.model.config), or set spec.model.kvBytesPerToken"
+    "(or the keys inline in spec.model.config), or set spec.model.kvBytesPerToken, "
+    "or let the operator fetch it from the Hugging Face Hub (xpyd operator --model-hub; "
+    "helm value operator.modelHub.enabled=true)"
 )
 
 
@@ -213,10 +216,12 @@ def build_children(
     own_image: str,
     router_image: str,
     pull_secrets: Sequence[str] = (),
+    monitor: routerkit.MonitorSettings | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest, stamped with its applied-hash, in the order they are applied.
 
-    Every pod template gets the operator's pull secrets (pull_secrets) and the deployment's own.
+    Every pod template gets the operator's pull secrets (pull_secrets) and the deployment's own. `monitor`:
+    a PodMonitor for routers that serve TLS (None: the cluster has no PodMonitor API, or it is off).
     """
     pool_specs: dict[str, PoolSpec] = spec.pools()
     pinned = {c for c in placement.pins.values() if c is not None}
@@ -239,6 +244,8 @@ def build_children(
     if (router_budget := routerkit.disruption_budget(owner, spec)) is not None:
         out.append(router_budget)
     out += [routerkit.deployment(owner, spec, router_image), routerkit.service(owner, spec)]
+    if monitor is not None and (router_monitor := routerkit.pod_monitor(owner, spec, monitor)) is not None:
+        out.append(router_monitor)
     secrets = podsecurity.pull_secret_names(pull_secrets, spec)
     out = [podsecurity.with_pull_secrets(m, secrets) for m in out]
     out += netpolicy.policies(owner, spec)  # none unless spec.networkPolicy.enabled
@@ -257,6 +264,7 @@ def desire(
     own_image: str,
     router_image: str,
     pull_secrets: Sequence[str] = (),
+    monitor: routerkit.MonitorSettings | None = None,
 ) -> Desired:
     """Placement and children, or the input error that leaves the running children untouched."""
     try:
@@ -269,7 +277,8 @@ def desire(
     except InputError as exc:
         return Desired(None, [], (exc.reason, exc.message))
     cd_crd = observed.compute_domain_crd
-    children = build_children(owner, spec, placement, cd_crd, own_image, router_image, pull_secrets)
+    monitor = monitor if observed.pod_monitor_crd else None
+    children = build_children(owner, spec, placement, cd_crd, own_image, router_image, pull_secrets, monitor)
     children, roll = in_step(owner, spec, children, observed)
     return Desired(placement, children, rollout=roll)
 

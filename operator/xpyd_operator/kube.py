@@ -33,6 +33,8 @@ DD = create_namespaced_resource(L.GROUP, L.VERSION, L.KIND, L.PLURAL)
 ComputeDomain = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
 COMPUTE_DOMAIN_CRD = "computedomains.resource.nvidia.com"
 LeaderWorkerSet = create_namespaced_resource(L.LWS_GROUP, L.LWS_VERSION, groups.KIND, L.LWS_PLURAL)
+PodMonitor = create_namespaced_resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors")
+POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 KINDS: dict[str, Any] = {
     "StatefulSet": StatefulSet,
     "Deployment": Deployment,
@@ -44,6 +46,7 @@ KINDS: dict[str, Any] = {
     "ComputeDomain": ComputeDomain,
     "NetworkPolicy": NetworkPolicy,
     groups.KIND: LeaderWorkerSet,
+    "PodMonitor": PodMonitor,
 }
 _CRD_TTL = 60.0
 _NODES_TTL = 5.0
@@ -165,10 +168,16 @@ class Kube:
         obs = Observed(
             compute_domain_crd=await self.compute_domain_crd() if wants_cd else False,
             lws_crd=await self.has_crd(groups.CRD),
+            pod_monitor_crd=await self.has_crd(POD_MONITOR_CRD),
         )
         selector: dict[str, Any] = {L.DEPLOYMENT: owner.name, L.MANAGED_BY: L.MANAGER}
+        installed = {
+            "ComputeDomain": obs.compute_domain_crd,
+            groups.KIND: obs.lws_crd,
+            "PodMonitor": obs.pod_monitor_crd,
+        }
         for kind, res in KINDS.items():
-            if (kind == "ComputeDomain" and not obs.compute_domain_crd) or (kind == groups.KIND and not obs.lws_crd):
+            if not installed.get(kind, True):  # a custom resource whose API the cluster does not serve
                 continue
             async for item in self.client.list(res, namespace=owner.namespace, labels=selector):
                 obj = as_dict(item)

@@ -12,10 +12,12 @@ from pydantic import ValidationError
 from xpyd_api import conditions as C
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 from xpyd_api.podmodels import NetworkSpec
-from xpyd_operator import opmetrics, rollout, statuscalc
+from xpyd_http import hub
+from xpyd_operator import opmetrics, rollout, sizing, statuscalc
 from xpyd_operator.desired import (
     WORKLOADS,
     Desired,
+    InputError,
     Observed,
     autoscaled,
     desire,
@@ -25,6 +27,8 @@ from xpyd_operator.desired import (
     with_model_config,
 )
 from xpyd_operator.meta import Owner, child_name, default_own_image
+from xpyd_operator.modelhub import HubSettings, ModelHub
+from xpyd_operator.routerkit import MonitorSettings
 from xpyd_perf import ModelConfigError, Topology, parse_json
 
 log = logging.getLogger("xpyd.operator")
@@ -49,6 +53,8 @@ class Config:
     router_image: str = ""
     image_pull_secrets: tuple[str, ...] = ()  # for every pod the operator makes, in any namespace
     default_network: NetworkSpec | None = None  # for deployments without spec.network (--default-network)
+    model_hub: HubSettings | None = None  # fetch config.json of models the spec and the catalog do not know
+    router_monitor: MonitorSettings | None = None  # PodMonitors for TLS routers (--router-pod-monitor)
 
     def images(self) -> tuple[str, str]:
         own = self.own_image or default_own_image()
@@ -82,6 +88,7 @@ class Reconciler:
         self.kube = kube
         self.config = config or Config()
         self.placement_lock = asyncio.Lock()  # clique choices (rack-scale systems) are made one at a time
+        self.model_hub = ModelHub(self.config.model_hub) if self.config.model_hub is not None else None
 
     async def reconcile(self, namespace: str, name: str) -> Outcome | None:
         with opmetrics.RECONCILE_SECONDS.time():
@@ -120,7 +127,7 @@ class Reconciler:
         reconcile: the operator does not watch ConfigMaps, so an edit counts from the next event or resync)."""
         ref = spec.model.config_map
         if ref is None:
-            return spec, None
+            return await self._hub_config(spec)
         where = f"ConfigMap {owner.namespace}/{ref.name}"
         try:
             data = await self.kube.get_config_map(owner.namespace, ref.name)
@@ -141,6 +148,19 @@ class Reconciler:
             return spec, ("ModelConfigInvalid", str(exc))
         return with_model_config(spec, config), None
 
+    async def _hub_config(
+        self, spec: DisaggregatedDeploymentSpec
+    ) -> tuple[DisaggregatedDeploymentSpec, tuple[str, str] | None]:
+        """The spec with the model's config.json from the hub read in, when the hub is on and nothing else gives
+        the model's shape (else the spec as it is: desired.check_model refuses an unknown one, saying how)."""
+        if self.model_hub is None or not sizing.unknown_shape(spec) or not hub.valid_repo(spec.model.name):
+            return spec, None
+        try:
+            config = await self.model_hub.config(spec.model.name, sizing.model_revision(spec))
+        except InputError as exc:  # ModelConfigUnavailable or ModelConfigInvalid, from modelhub
+            return spec, (exc.reason, exc.message)
+        return with_model_config(spec, config), None
+
     async def _converge(
         self,
         owner: Owner,
@@ -152,7 +172,15 @@ class Reconciler:
         observed = await self.kube.observe(owner, spec.topology.hardware)
         own_image, router_image = self.config.images()
         desired: Desired = (
-            desire(owner, spec, observed, own_image, router_image, self.config.image_pull_secrets)
+            desire(
+                owner,
+                spec,
+                observed,
+                own_image,
+                router_image,
+                self.config.image_pull_secrets,
+                self.config.router_monitor,
+            )
             if problem is None
             else Desired(None, [], problem)  # the spec's config.json is not readable: leave every child as it is
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from xpyd_api import labels as L
@@ -224,6 +225,61 @@ def service(owner: Owner, spec: DisaggregatedDeploymentSpec | None = None) -> di
     if svc.external_traffic_policy is not None:
         body["externalTrafficPolicy"] = svc.external_traffic_policy
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": body}
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """The operator's PodMonitors for routers that serve TLS (--router-pod-monitor): as the chart's own."""
+
+    interval: str = "15s"
+    labels: dict[str, str] = field(default_factory=dict)  # what the cluster's Prometheus selects monitors by
+
+
+MONITOR_CA_KEY = "ca.crt"  # the TLS Secret's CA (cert-manager's CA issuers write it)
+
+
+def server_name(owner: Owner) -> str:
+    """The name a scrape checks the router's certificate for: its Service's in-cluster DNS name."""
+    return f"{name(owner)}.{owner.namespace}.svc"
+
+
+def pod_monitor(owner: Owner, spec: DisaggregatedDeploymentSpec, settings: MonitorSettings) -> dict[str, Any] | None:
+    """A PodMonitor that scrapes this deployment's routers over HTTPS, or None when they serve plain HTTP (the
+    chart's PodMonitor scrapes those, and drops pods annotated prometheus.io/scheme: https).
+
+    Prometheus checks the certificate against the TLS Secret's ca.crt for the Service's name; /metrics
+    needs no API key (the key guards the completion routes and the replicas' exchange only).
+    """
+    tls = spec.router.tls
+    if tls is None:
+        return None
+    meta = metadata_for(owner, name(owner), ROLE)
+    meta["labels"] = {**settings.labels, **meta["labels"]}
+    endpoint = {
+        "port": "http",
+        "path": "/metrics",
+        "scheme": "https",
+        "interval": settings.interval,
+        "tlsConfig": {
+            "ca": {"secret": {"name": tls.secret_name, "key": MONITOR_CA_KEY}},
+            "serverName": server_name(owner),
+        },
+        # The labels the autoscaler's and the dashboards' queries select on, as the chart's PodMonitor sets them.
+        "relabelings": [
+            {"sourceLabels": ["__meta_kubernetes_pod_label_xpyd_io_deployment"], "targetLabel": "xpyd_deployment"},
+            {"sourceLabels": ["__meta_kubernetes_pod_label_xpyd_io_role"], "targetLabel": "xpyd_role"},
+        ],
+    }
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": selector(owner, ROLE)},
+            "namespaceSelector": {"matchNames": [owner.namespace]},
+            "podMetricsEndpoints": [endpoint],
+        },
+    }
 
 
 def service_account(owner: Owner) -> dict[str, Any]:

@@ -112,6 +112,30 @@ def declared_model(spec: DisaggregatedDeploymentSpec) -> ModelSpec | None:
         return None
 
 
+def unknown_shape(spec: DisaggregatedDeploymentSpec) -> bool:
+    """Nothing in the spec or the catalog gives the model's shape: no config, no configMap, no kvBytesPerToken,
+    a name outside the catalog (the model hub, when on, is asked for its config.json)."""
+    model = spec.model
+    if model.config is not None or model.config_map is not None or model.kv_bytes_per_token is not None:
+        return False
+    try:
+        resolve_model(model.name)
+    except UnknownModelError:
+        return True
+    return False
+
+
+REVISION: Final = ("--revision",)  # the checkpoint's branch, tag or commit (vLLM's and SGLang's flag)
+
+
+def model_revision(spec: DisaggregatedDeploymentSpec) -> str:
+    """The revision the engines load (--revision in spec.engine.args, else a pool's args), else main."""
+    for argv in (spec.engine.args, *(pool.args for pool in spec.pools().values())):
+        if found := flag(argv, REVISION):
+            return found
+    return "main"
+
+
 def catalog_model(spec: DisaggregatedDeploymentSpec, pool: PoolSpec | None = None) -> ModelSpec | None:
     """The model as its config.json or the catalog knows it (quantized as the name or --quantization says), or None
     (also for a config.json that cannot be read: the reconciler refuses such a spec before sizing anything)."""

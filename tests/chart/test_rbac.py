@@ -33,6 +33,7 @@ NAMESPACED: dict[tuple[str, str], tuple[str, ...]] = {
     ("networking.k8s.io", "networkpolicies"): OWN,  # spec.networkPolicy (netpolicy.py)
     ("resource.nvidia.com", "computedomains"): OWN,
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): OWN,
+    ("monitoring.coreos.com", "podmonitors"): OWN,  # TLS routers' PodMonitors (routerkit.pod_monitor)
     ("", "pods"): READ,
     ("discovery.k8s.io", "endpointslices"): READ,
     ("", "events"): ("create",),

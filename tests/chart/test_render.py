@@ -181,7 +181,14 @@ def test_monitors_select_what_they_should() -> None:
     pods = one(docs, "PodMonitor")
     assert pods["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "xpyd-operator"}
     assert pods["spec"]["namespaceSelector"] == {"any": True}
-    relabel = {r["targetLabel"]: r["sourceLabels"] for r in pods["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    rules = pods["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    # TLS routers are the operator's own PodMonitors' (routerkit.pod_monitor), scraped over HTTPS: dropped here.
+    assert rules[0] == {
+        "sourceLabels": ["__meta_kubernetes_pod_annotation_prometheus_io_scheme"],
+        "regex": "https",
+        "action": "drop",
+    }
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in rules[1:]}
     assert relabel == {
         "xpyd_deployment": ["__meta_kubernetes_pod_label_xpyd_io_deployment"],
         "xpyd_role": ["__meta_kubernetes_pod_label_xpyd_io_role"],
@@ -220,3 +227,60 @@ def test_rendered_crds_equal_the_source(keep: bool) -> None:
         source["metadata"].pop("labels", None)
         source["metadata"].pop("annotations", None)
         assert rendered == source
+
+
+@pytest.mark.parametrize(
+    ("values", "env"),
+    [
+        ({}, {}),
+        (
+            {"operator.modelHub.enabled": "true"},
+            {"XPYD_MODEL_HUB": {"value": "true"}, "HF_ENDPOINT": {"value": "https://huggingface.co"}},
+        ),
+        (
+            {
+                "operator.modelHub.enabled": "true",
+                "operator.modelHub.endpoint": "https://hf-mirror.example.com",
+                "operator.modelHub.tokenSecret.name": "hf",
+            },
+            {
+                "XPYD_MODEL_HUB": {"value": "true"},
+                "HF_ENDPOINT": {"value": "https://hf-mirror.example.com"},
+                "HF_TOKEN": {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+            },
+        ),
+        ({"operator.modelHub.tokenSecret.name": "hf"}, {}),  # off: no token either
+    ],
+)
+def test_model_hub_env(values: dict[str, str], env: dict[str, dict[str, Any]]) -> None:
+    """The model hub reaches the operator as environment; the token by secretKeyRef (no Secret read grant)."""
+    hub_names = {"XPYD_MODEL_HUB", "HF_ENDPOINT", "HF_TOKEN"}
+    got = {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in _container(template(values))["env"]}
+    assert {k: v for k, v in got.items() if k in hub_names} == env
+
+
+@pytest.mark.parametrize(
+    ("values", "monitoring", "env"),
+    [
+        ({}, False, {}),  # no PodMonitor API: the chart renders none, the operator makes none
+        ({}, True, {"XPYD_ROUTER_POD_MONITOR": "true", "XPYD_POD_MONITOR_INTERVAL": "15s"}),
+        (
+            {"metrics.podMonitor.interval": "30s", "metrics.podMonitor.labels.release": "kps"},
+            True,
+            {
+                "XPYD_ROUTER_POD_MONITOR": "true",
+                "XPYD_POD_MONITOR_INTERVAL": "30s",
+                "XPYD_POD_MONITOR_LABELS": '{"release":"kps"}',
+            },
+        ),
+        ({"metrics.podMonitor.enabled": "false"}, True, {}),
+        ({"metrics.podMonitor.enabled": "true"}, False, {"XPYD_ROUTER_POD_MONITOR": "true",
+                                                         "XPYD_POD_MONITOR_INTERVAL": "15s"}),
+    ],
+)  # fmt: skip
+def test_the_operator_monitors_tls_routers_as_the_chart_monitors_the_rest(
+    values: dict[str, str], monitoring: bool, env: dict[str, str]
+) -> None:
+    names = {"XPYD_ROUTER_POD_MONITOR", "XPYD_POD_MONITOR_INTERVAL", "XPYD_POD_MONITOR_LABELS"}
+    got = {e["name"]: e.get("value") for e in _container(template(values, monitoring=monitoring))["env"]}
+    assert {k: v for k, v in got.items() if k in names} == env

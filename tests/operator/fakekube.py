@@ -63,6 +63,7 @@ class FakeKube:
         self.fail_next_apply = 0
         self.compute_domain_crd = False
         self.lws_crd = False
+        self.pod_monitor_crd = False
         self.config_maps: dict[str, dict[str, str]] = {}  # name -> data, in the deployment's namespace
         self.forbidden_config_maps = False  # RBAC without get on configmaps
         self.simulate_pods = False  # settle() plays the StatefulSet controller's pods too (partitions honoured)
@@ -85,6 +86,7 @@ class FakeKube:
             own_pods=copy.deepcopy(list(self.pods.values())),
             compute_domain_crd=self.compute_domain_crd,
             lws_crd=self.lws_crd,
+            pod_monitor_crd=self.pod_monitor_crd,
         )
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:

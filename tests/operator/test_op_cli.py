@@ -61,3 +61,62 @@ async def test_loops_start_once_for_valid_specs_with_autoscaling_on() -> None:
     assert scalers.tasks == first  # a running loop is not started twice
     await scalers.close()
     assert scalers.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "on", "endpoint"),
+    [
+        ({}, [], False, "https://huggingface.co"),
+        ({"XPYD_MODEL_HUB": "true", "HF_ENDPOINT": "https://mirror.example/"}, [], True, "https://mirror.example"),
+        ({}, ["--model-hub", "--model-hub-endpoint", "http://127.0.0.1:9"], True, "http://127.0.0.1:9"),
+    ],
+)
+def test_model_hub_flags_and_env(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], argv: list[str], on: bool, endpoint: str
+) -> None:
+    for name in ("XPYD_MODEL_HUB", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = cli._parser().parse_args(argv)
+    assert (args.model_hub, args.model_hub_endpoint) == (on, endpoint)
+
+
+def test_a_bad_model_hub_endpoint_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--model-hub", "--model-hub-endpoint", "ftp://mirror"]) == 2
+    assert "--model-hub-endpoint must be an http(s) URL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, (False, "15s", "")),
+        (
+            {"XPYD_ROUTER_POD_MONITOR": "true", "XPYD_POD_MONITOR_INTERVAL": "30s", "XPYD_POD_MONITOR_LABELS": "{}"},
+            (True, "30s", "{}"),
+        ),
+    ],
+)
+def test_router_pod_monitor_flags_and_env(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], want: tuple[bool, str, str]
+) -> None:
+    for name in ("XPYD_ROUTER_POD_MONITOR", "XPYD_POD_MONITOR_INTERVAL", "XPYD_POD_MONITOR_LABELS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = cli._parser().parse_args([])
+    assert (args.router_pod_monitor, args.pod_monitor_interval, args.pod_monitor_labels) == want
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"), [("{nope", "not JSON"), ('{"a": 1}', "a JSON object of string labels"), ("[]", "object")]
+)
+def test_bad_pod_monitor_labels_exit_2(labels: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--router-pod-monitor", "--pod-monitor-labels", labels]) == 2
+    out = capsys.readouterr().out
+    assert "--pod-monitor-labels: " in out and message in out
+
+
+def test_pod_monitor_labels_parse() -> None:
+    assert cli._labels('{"release": "kps"}') == {"release": "kps"}
+    assert cli._labels("") == {}

@@ -104,6 +104,25 @@ def test_metrics_cover_every_exporter() -> None:
     assert ours - exported == set(), "metric_names lists a series no exporter registers"
 
 
+def test_emulator_metrics_cover_what_xpyd_reads_of_each_engine() -> None:
+    """The emulator's section lists every series the profiles name for the engine it stands in for, and its own."""
+    from xpyd_api import metric_names
+    from xpyd_api.engines import METRICS
+
+    listed: dict[str, set[str]] = {}
+    for m in docsgen.emulator_metrics():
+        listed.setdefault(m.exporter, set()).add(m.name)
+    assert set(listed) == set(docsgen.EMULATOR_FLAVOURS.values())
+    for flavour, exporter in docsgen.EMULATOR_FLAVOURS.items():
+        names = METRICS[flavour]
+        read = {getattr(names, f) for f in names.__slots__ if isinstance(getattr(names, f), str)}
+        read.add(names.kv_usage[0])
+        assert read - listed[exporter] == set(), exporter
+        assert metric_names.EMULATOR_PREFIX_INDEX_BLOCKS in listed[exporter]
+    page = (docsgen.REFERENCE / "metrics.md").read_text(encoding="utf-8")
+    assert "| emulator (vLLM) | `vllm:num_requests_waiting` | gauge | `engine`, `model_name` |" in page
+
+
 def test_configure_md_defaults_equal_the_models() -> None:
     assert docscheck.default_mismatches(CONFIGURE.read_text(), docsgen.spec_fields()) == []
 

@@ -7,14 +7,11 @@ when the hub is down.
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import pytest
 from chat_models import CONFIGS, write_tokenizer  # type: ignore[import-not-found]  # tests/router is on sys.path
 from prometheus_client import CollectorRegistry, generate_latest
 
+from fakehub import FakeHub, Reply, serve  # type: ignore[import-not-found]  # tests/ is on sys.path
 from xpyd_router.metrics import RouterMetrics
 from xpyd_router.tokens import hub_files
 from xpyd_router.tokens.engine import HfTokenizer, load_hub_tokenizer
@@ -30,56 +28,6 @@ from xpyd_router.tokens.hub_files import HubError, HubOptions, HubRef, fetch, pa
 REPO = "org/model"
 SPEC = f"hf:{REPO}"
 CHAT = {"messages": [{"role": "user", "content": "What is the capital of France?"}]}
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class FakeHub:
-    """A hub on 127.0.0.1: GET /{repo}/resolve/{revision}/{file}, answers set per path (or per file name)."""
-
-    url: str = ""
-    files: dict[str, bytes] = field(default_factory=dict)  # "org/model/main/tokenizer.json" -> bytes
-    replies: dict[str, list[Reply]] = field(default_factory=dict)  # file name -> replies in turn (the last stays)
-    seen: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
-
-    def answer(self, path: str) -> Reply:
-        parts = path.strip("/").split("/")
-        resolve = len(parts) > 3 and parts[2] == "resolve"
-        key = "/".join(parts[:2] + parts[3:]) if resolve else path.strip("/")
-        queued = self.replies.get(parts[-1]) if resolve else None
-        if queued:
-            return queued.pop(0) if len(queued) > 1 else queued[0]
-        if key in self.files:
-            return Reply(200, self.files[key])
-        return Reply(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"})
-
-
-def _serve(hub: FakeHub) -> http.server.ThreadingHTTPServer:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hub.seen.append((self.path, self.headers.get("Authorization")))
-            reply = hub.answer(self.path)
-            self.send_response(reply.status)
-            for k, v in reply.headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +46,7 @@ def hubs(repo_files: dict[str, bytes]) -> Iterator[list[FakeHub]]:
     servers, out = [], []
     for files in ({f"{REPO}/main/{k}": v for k, v in repo_files.items()}, {}):
         hub = FakeHub(files=files)
-        servers.append(_serve(hub))
+        servers.append(serve(hub))
         out.append(hub)
     yield out
     for server in servers:

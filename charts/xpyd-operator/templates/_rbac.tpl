@@ -36,6 +36,10 @@ calls; docs/architecture.md lists why each rule exists. No Secrets; ConfigMaps g
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Routers that serve TLS: a PodMonitor each, scraping over HTTPS (when the cluster serves the API).
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Read-only: pod readiness and placement for status. Each router's Role grants pods and
 # endpointslices reads, and RBAC forbids granting what the granter does not hold.
 - apiGroups: [""]

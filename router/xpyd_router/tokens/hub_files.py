@@ -10,45 +10,29 @@ a commit hash (a commit never changes) or run with HF_HUB_OFFLINE=1.
 
 Bounded: 30 s for the whole fetch (the worker thread is left behind if DNS or a server hangs), three
 tries per file on connection errors, timeouts, 429 and 5xx, at most 64 MiB a file. Any failure is one
-HubError line; the caller then routes without a tokenizer.
-
-Why not `huggingface_hub.hf_hub_download`: a loopback fake of the hub it talks to is easy (HEAD with
-X-Repo-Commit and ETag, then GET), but what it does around the request is not ours to bound. Tried
-against such a fake (huggingface_hub 2.4): with the hub unreachable, a file not yet cached is retried
-five times with backoff up to 8 s (about 23 s for that one file, most of our budget), each try logged
-as a WARNING on its own stderr handler, HF_ENDPOINT and its timeouts are read once at import, and it draws
-in its transport (httpx2 in 2.x), xet and progress bars. Three small GETs with httpx, already a
-dependency, keep the start-up contract: bounded, one warning line, and testable with a loopback hub.
+HubError line; the caller then routes without a tokenizer. The GETs and their bounds are xpyd_http.hub's
+(shared with the operator's config.json fetch; why not huggingface_hub is said there); the cache is ours.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import httpx
+from xpyd_http import hub
+from xpyd_http.hub import HubError
 
 PREFIX = "hf:"
 REQUIRED = "tokenizer.json"
 OPTIONAL = ("tokenizer_config.json", "chat_template.jinja")
-DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_ENDPOINT = hub.DEFAULT_ENDPOINT
 MAX_BYTES = 64 << 20
 DEFAULT_CACHE = Path(tempfile.gettempdir()) / "xpyd-hf"  # without HF_HOME
-_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
-_REVISION = re.compile(r"[A-Za-z0-9._/-]{1,255}")
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _ABSENT = ".absent"  # marker next to where an optional file would be: the repository has none
-_NO_RETRY_404 = ("RepoNotFound", "RevisionNotFound")
-
-
-class HubError(Exception):
-    """The files could not be had; the message says why, on one line."""
+__all__ = ["Fetched", "HubError", "HubOptions", "HubRef", "fetch", "parse_spec"]
 
 
 @dataclass(frozen=True)
@@ -63,24 +47,19 @@ def parse_spec(spec: str) -> HubRef:
     """`hf:org/name[@revision]` -> HubRef; ValueError naming the problem."""
     body = spec.removeprefix(PREFIX)
     repo, at, revision = body.partition("@")
-    if not _REPO.fullmatch(repo) or ".." in repo:
+    if not hub.valid_repo(repo):
         raise ValueError(f"--tokenizer {spec}: want hf:ORG/NAME[@REVISION], a Hugging Face model repository")
-    if at and (not _REVISION.fullmatch(revision) or ".." in revision):
+    if at and not hub.valid_revision(revision):
         raise ValueError(f"--tokenizer {spec}: the revision after '@' must be a branch, tag or commit")
     return HubRef(repo, revision or "main")
 
 
 @dataclass(frozen=True)
-class HubOptions:
-    endpoint: str = DEFAULT_ENDPOINT
-    token: str | None = None
+class HubOptions(hub.FetchOptions):
+    """The hub and the fetch's bounds (xpyd_http.hub.FetchOptions), and where the files are kept."""
+
     cache_root: Path = DEFAULT_CACHE
     offline: bool = False
-    deadline_s: float = 30.0
-    attempts: int = 3
-    backoff_s: float = 0.5
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 10.0
 
     @classmethod
     def from_env(cls) -> HubOptions:
@@ -88,8 +67,8 @@ class HubOptions:
         env = os.environ
         home = env.get("HF_HOME")
         return cls(
-            endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
-            token=env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None,
+            endpoint=hub.env_endpoint(env),
+            token=hub.env_token(env),
             cache_root=Path(home) if home else DEFAULT_CACHE,
             offline=env.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"),
         )
@@ -112,25 +91,13 @@ def fetch(ref: HubRef, options: HubOptions) -> Fetched:
         if is_complete(target):
             return Fetched(target, "HF_HUB_OFFLINE is set: using the cached copy")
         raise HubError(f"HF_HUB_OFFLINE is set and nothing is cached at {target}")
-    if _COMMIT.fullmatch(ref.revision) and is_complete(target):
+    if hub.COMMIT.fullmatch(ref.revision) and is_complete(target):
         return Fetched(target)  # a commit's files never change
-    box: list[Fetched | HubError] = []
-
-    def work() -> None:
-        try:
-            box.append(_fetch(ref, options, target))
-        except HubError as exc:
-            box.append(exc)
-        except Exception as exc:  # a bug or an odd OS error: still one line, never a crash at start-up
-            box.append(HubError(f"{type(exc).__name__}: {exc}"))
-
-    # A thread, so that the deadline also bounds what no socket timeout covers (a stuck DNS lookup).
-    worker = threading.Thread(target=work, name="xpyd-hub-fetch", daemon=True)
-    worker.start()
-    worker.join(options.deadline_s + 1.0)
-    result = box[0] if box else HubError(f"no answer within {options.deadline_s:g}s")
-    if isinstance(result, Fetched):
-        return result
+    try:
+        # A thread, so that the deadline also bounds what no socket timeout covers (a stuck DNS lookup).
+        return hub.in_thread(lambda: _fetch(ref, options, target), options.deadline_s)
+    except HubError as exc:
+        result = exc
     if is_complete(target):
         return Fetched(target, f"{result}; using the copy cached at {target}")
     raise result
@@ -144,91 +111,12 @@ def is_complete(target: Path) -> bool:
 
 
 def _fetch(ref: HubRef, options: HubOptions, target: Path) -> Fetched:
-    endpoint = options.endpoint.rstrip("/")
-    if urlsplit(endpoint).scheme not in ("http", "https") or not urlsplit(endpoint).hostname:
-        raise HubError(f"HF_ENDPOINT must be an http(s) URL, got {endpoint!r}")
-    headers = {"User-Agent": "xpyd-router (tokenizer fetch)"}
-    if options.token:
-        headers["Authorization"] = f"Bearer {options.token}"
-    base = f"{endpoint}/{ref.repo}/resolve/{quote(ref.revision, safe='')}/"
-    got: dict[str, bytes | None] = {}
-    with httpx.Client(headers=headers, follow_redirects=True, max_redirects=5) as client:
-        # Timed from here: building the client (its TLS context) is local work that a busy machine slows,
-        # and the first request should still get the whole deadline. fetch's join bounds the total.
-        deadline = time.monotonic() + options.deadline_s
-        for name in (REQUIRED, *OPTIONAL):  # the required file first: a gated repo fails at once
-            got[name] = _get(client, base + name, name, name != REQUIRED, deadline, options)
+    # The required file first: a gated repository fails at once.
+    files = [(REQUIRED, False), *((name, True) for name in OPTIONAL)]
+    got = hub.get_files(
+        ref.repo, ref.revision, files, options, max_bytes=MAX_BYTES, agent="xpyd-router (tokenizer fetch)"
+    )
     return _store(target, got)
-
-
-class _Retry(Exception):
-    """A failure worth another try (the network, a timeout, 429, 5xx)."""
-
-
-def _get(
-    client: httpx.Client, url: str, name: str, optional: bool, deadline: float, options: HubOptions
-) -> bytes | None:
-    """The file's bytes, or None for an optional file the repository does not have."""
-    problem = ""
-    for attempt in range(options.attempts):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            return _get_once(client, url, name, optional, deadline, options)
-        except _Retry as exc:
-            problem = str(exc)
-        pause = options.backoff_s * 2**attempt
-        if attempt + 1 < options.attempts and time.monotonic() + pause < deadline:
-            time.sleep(pause)
-    if not problem:
-        problem = f"no answer within {options.deadline_s:g}s"
-    raise HubError(f"cannot fetch {name} ({problem})")
-
-
-def _get_once(
-    client: httpx.Client, url: str, name: str, optional: bool, deadline: float, options: HubOptions
-) -> bytes | None:
-    left = max(0.01, deadline - time.monotonic())
-    timeout = httpx.Timeout(min(left, options.read_timeout_s), connect=min(left, options.connect_timeout_s))
-    try:
-        with client.stream("GET", url, timeout=timeout) as resp:
-            code = resp.status_code
-            error = resp.headers.get("X-Error-Code", "")
-            if code == 404 and optional and error not in _NO_RETRY_404:
-                return None
-            if code in (401, 403):
-                why = "gated or private repository" if code == 401 else "no access to this repository"
-                fix = "set HF_TOKEN to a token with access" if code == 401 else "request access with HF_TOKEN's account"
-                raise HubError(f"cannot fetch {name} (HTTP {code}: {why}; {fix})")
-            if code == 429 or code >= 500:
-                raise _Retry(f"HTTP {code}")
-            if code != 200:
-                detail = f": {error}" if error else ""
-                raise HubError(f"cannot fetch {name} (HTTP {code}{detail})")
-            declared = resp.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > MAX_BYTES:
-                raise HubError(f"{name} is {int(declared)} bytes, over the {MAX_BYTES} byte limit")
-            data = bytearray()
-            for chunk in resp.iter_bytes():
-                data += chunk
-                if len(data) > MAX_BYTES:
-                    raise HubError(f"{name} is over the {MAX_BYTES} byte limit")
-                if time.monotonic() > deadline:
-                    raise HubError(f"cannot fetch {name} (no complete answer within {options.deadline_s:g}s)")
-            return bytes(data)
-    except httpx.TimeoutException:
-        raise _Retry(f"timed out at {_host(url)}") from None
-    except httpx.TransportError as exc:
-        raise _Retry(f"cannot reach {_host(url)}: {_one_line(exc)}") from None
-    except httpx.RequestError as exc:  # too many redirects, an undecodable body
-        raise HubError(f"cannot fetch {name} ({_one_line(exc)})") from None
-
-
-def _host(url: str) -> str:
-    """host[:port] of a URL, without any user:password an HF_ENDPOINT may carry."""
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
 
 
 def _store(target: Path, got: dict[str, bytes | None]) -> Fetched:
@@ -241,8 +129,8 @@ def _store(target: Path, got: dict[str, bytes | None]) -> Fetched:
         try:
             _write_all(fallback, got)
         except OSError as again:
-            raise HubError(f"cannot store the files ({_one_line(again)})") from None
-        note = f"cannot write the cache at {target} ({_one_line(exc)}); using {fallback} for this run"
+            raise HubError(f"cannot store the files ({hub.one_line(again)})") from None
+        note = f"cannot write the cache at {target} ({hub.one_line(exc)}); using {fallback} for this run"
         target = fallback
     return Fetched(target, note)
 
@@ -269,7 +157,3 @@ def _write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
