@@ -3,9 +3,9 @@
 Arms: `GPU only` (no CPU tier), `CPU tier, unpriced` (offloading on, the router's `tiers` scorer counts
 CPU-held blocks as nothing: tier_pricing=False), `CPU tier, llm-d rule (0.4)` (a CPU-held block counts
 0.4 of a GPU-held one, whatever its reload costs: the router's --cpu-tier-weight) and `CPU tier, priced`
-(the default: a CPU-held block counts what its reload saves against recomputing it). The router is the product's kv-aware policy
-with its default scorers, its index fed by the engines' KV events (GPU and CPU media), 50 ms late.
-Figures are taken over the requests that arrive after each shape's warm-up.
+(the default: a CPU-held block counts what its reload saves against recomputing it). The router is
+the product's kv-aware policy with its default scorers, its index fed by the engines' KV events (GPU
+and CPU media), 50 ms late. Figures are taken over the requests that arrive after each shape's warm-up.
 """
 
 from __future__ import annotations

@@ -146,11 +146,11 @@ class BlockPool:
         victims = list(islice(tier, overflow)) if overflow > 0 else []
         for h in victims:
             del tier[h]
-        if events is not None:
-            gone = set(victims)
+        if events is not None:  # a block stored and dropped in one step was never there for the router
+            gone, fresh = set(victims), set(new)
             if kept := [h for h in new if h not in gone]:
                 events.append(("offloaded", kept))
-            if dropped := [h for h in victims if h not in new]:
+            if dropped := [h for h in victims if h not in fresh]:
                 events.append(("unloaded", dropped))
 
     def insert(self, hashes: list[int], tokens: Any = None, rank: int = 0) -> None:
