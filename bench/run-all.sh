@@ -18,6 +18,7 @@ $PY bench/router/loop_stall.py --out bench/results/loop-stall.md
 $PY bench/router/kv_cost.py --out bench/results/kv-cost.md
 $PY bench/cache/run.py
 $PY bench/tiers/run.py
+$PY bench/tiers/live.py
 $PY bench/reliability/real_versions.py --install   # a second vLLM CPU release beside the pinned one
 if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
 $PY bench/operator/bench_operator.py

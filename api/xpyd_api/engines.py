@@ -161,8 +161,9 @@ PROFILES: Final[tuple[EngineProfile, ...]] = (
         dp_attention="enable-dp-attention", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
     ),
 )  # fmt: skip
-# The emulator speaks the newest vLLM's protocol and flags; it models no CPU tier, so kvOffload renders nothing
-# for it ("none"; its parser would pass --kv-offloading-size over as unknown).
+# The emulator speaks the newest vLLM's protocol and flags. It models vLLM's native CPU tier from a command line
+# that carries --kv-offloading-size, but not the MultiConnector form a P/D pool is rendered with, so kvOffload
+# renders nothing for it yet ("none").
 EMULATOR: Final = EngineProfile(
     "emulator",
     (0, 0, 0),
@@ -189,7 +190,7 @@ def kv_offload_problem(profile: EngineProfile, where: str, backend: str, disk: s
     """Why this release cannot render a pool's kvOffload (`where` names the field); None when it can."""
     release = f"{profile.kind} {profile.version_text}"
     if profile.kind == "emulator":
-        return None  # the emulator models no CPU tier: nothing is rendered
+        return None  # nothing is rendered for the emulator (see EMULATOR)
     if profile.kv_offload == "none":
         return (
             f"{where} needs {profile.kind} {KV_OFFLOAD_MIN_VLLM} or newer: {release}'s OffloadingConnector takes a"

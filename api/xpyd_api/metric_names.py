@@ -89,3 +89,5 @@ AUTOSCALER_WAKES: Final = "xpyd_autoscaler_wakes_total"  # pools started from ze
 
 # --- the worker emulator's own ---
 EMULATOR_PREFIX_INDEX_BLOCKS: Final = "xpyd_emulator_prefix_index_blocks"
+EMULATOR_CPU_TIER_HITS: Final = "xpyd_emulator_cpu_tier_hits_total"  # prompt tokens loaded from the CPU tier
+EMULATOR_CPU_TIER_BLOCKS: Final = "xpyd_emulator_cpu_tier_blocks"  # blocks in the CPU tier

@@ -1,10 +1,10 @@
-"""The Markdown of bench/results/kv-tiers.md: the three arms per shape and load, and their ratios."""
+"""The Markdown of bench/results/kv-tiers.md: the four arms per shape and load, and their ratios."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.tiers.suite import ARMS, BASELINE, LLMD, LLMD_ALL, OFFLOAD_BYTES
+from bench.tiers.suite import ARMS, BASELINE, LLMD, LLMD_ALL, LLMD_WEIGHT, OFFLOAD_BYTES
 
 
 def _s(v: float | None) -> str:
@@ -65,8 +65,10 @@ def render(res: dict[str, Any], header: str, reading: str) -> str:
         f" {res['prefill_kv_tokens']:,} tokens over the prefill pool, {res['decode_kv_tokens']:,} over the decode"
         f" pool ({res['kv_bytes_per_token']:,} bytes per token). Arms, over the same requests in the same run:"
         f" GPU only (no CPU tier); CPU tier, unpriced ({gib} GiB of host memory per prefill replica,"
-        " `tier_pricing=False`: the router counts CPU-held blocks as nothing); CPU tier, priced (the same tier, a"
-        " CPU-held block counted as the share of its recompute a reload saves). Decode replicas have no CPU tier.",
+        " `tier_pricing=False`: the router counts CPU-held blocks as nothing); CPU tier, llm-d rule (the same tier,"
+        f" a CPU-held block counted {LLMD_WEIGHT:g} of a GPU-held one whatever its reload costs: the router's"
+        " `--cpu-tier-weight`); CPU tier, priced (the same tier, a CPU-held block counted as the share of its"
+        " recompute a reload saves). Decode replicas have no CPU tier.",
         "",
         f"Shapes: llm-d's prefix groups (16K-token shared prefix + ~256-token question, ~256 output tokens; every"
         f" group asked for once first, not measured; then uniformly random groups, Poisson arrivals) with"

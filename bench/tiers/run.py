@@ -4,9 +4,10 @@
 
 llm-d's published measurement rebuilt in the simulator (gpt-oss-120b, 8 prefill TP1 + 2 decode TP4 on
 H200, 16K-token prefix groups, a working set 1.32x the GPU KV, 5-40 QPS), long private prefixes and
-multi-turn chat, each under three arms: GPU only, a CPU tier the router does not price, and a CPU
-tier it prices (bench/tiers/suite.py). Well under a minute on the shared 2-core machine; --quick
-(shorter runs) in seconds. The reading of the results is kept in bench/tiers/reading.md and copied in.
+multi-turn chat, each under four arms: GPU only, a CPU tier the router does not price, one it counts
+at llm-d's fixed weight (0.4) and one it prices (bench/tiers/suite.py). About a minute on the shared
+2-core machine; --quick (shorter runs) in about half that. The reading of the results is kept in
+bench/tiers/reading.md and copied in.
 """
 
 from __future__ import annotations

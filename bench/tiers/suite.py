@@ -1,10 +1,11 @@
 """The KV-tier benchmark's runs: every shape under three arms, over the same requests in one process.
 
 Arms: `GPU only` (no CPU tier), `CPU tier, unpriced` (offloading on, the router's `tiers` scorer counts
-CPU-held blocks as nothing: tier_pricing=False) and `CPU tier, priced` (the default: a CPU-held block
-counts what its reload saves against recomputing it). The router is the product's kv-aware policy
-with its default scorers, its index fed by the engines' KV events (GPU and CPU media), 50 ms late.
-Figures are taken over the requests that arrive after each shape's warm-up.
+CPU-held blocks as nothing: tier_pricing=False), `CPU tier, llm-d rule (0.4)` (a CPU-held block counts
+0.4 of a GPU-held one, whatever its reload costs: the router's --cpu-tier-weight) and `CPU tier, priced`
+(the default: a CPU-held block counts what its reload saves against recomputing it). The router is
+the product's kv-aware policy with its default scorers, its index fed by the engines' KV events (GPU
+and CPU media), 50 ms late. Figures are taken over the requests that arrive after each shape's warm-up.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ class Arm:
     label: str
     offload_bytes: int
     tier_pricing: bool
+    cpu_weight: float | None = None  # a fixed CPU-block weight instead of pricing (llm-d's rule)
 
 
+LLMD_WEIGHT = 0.4  # llm-d's CPU-aware prefix scoring: a CPU-held block counts 0.4 of a GPU-held one
 ARMS = (
     Arm("GPU only", 0, True),
     Arm("CPU tier, unpriced", OFFLOAD_BYTES, False),
+    Arm(f"CPU tier, llm-d rule ({LLMD_WEIGHT:g})", OFFLOAD_BYTES, False, LLMD_WEIGHT),
     Arm("CPU tier, priced", OFFLOAD_BYTES, True),
 )
 BASELINE = ARMS[0].label
@@ -77,7 +81,7 @@ def _stats(done: list[SimRequest], since: float) -> dict[str, Any]:
 def measure(spec: SimSpec, case: Case, arm: Arm) -> dict[str, Any]:
     cfg = SimConfig(
         router="kv-aware", router_index="events", block_tokens=shapes.BLOCK_TOKENS,
-        offload_bytes=arm.offload_bytes, tier_pricing=arm.tier_pricing,
+        offload_bytes=arm.offload_bytes, tier_pricing=arm.tier_pricing, cpu_block_weight=arm.cpu_weight,
     )  # fmt: skip
     sim = Simulation(spec, case.requests, cfg)
     done: list[SimRequest] = []

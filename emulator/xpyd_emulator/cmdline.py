@@ -75,6 +75,8 @@ class EmulatorConfig:
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
     engine_rev: str | None = None  # XPYD_ENGINE_REV: a decode refuses KV from a prefill of another revision
+    kv_offloading_bytes: int = 0  # vLLM's --kv-offloading-size (GiB) with the native backend: a CPU KV tier
+    host_link_gbps: float | None = None  # --host-link-gbps: one GPU's reload rate (None: the topology table's)
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -98,6 +100,20 @@ POSITIVE = _typed(number(int, 1))
 INDEX = _typed(number(int, 0))
 BLOCK = _typed(number(int, 1, 1024))
 FRACTION = _typed(number(float, 0, 1, open_low=True))
+GIB = _typed(number(float, 0, 1 << 20, open_low=True))
+
+
+def _offload_bytes(ns: argparse.Namespace) -> int:
+    """vLLM's --kv-offloading-size GiB as bytes; the emulator models its native backend only."""
+    gib = getattr(ns, "offload_gib", None)
+    if gib is None:
+        return 0
+    if ns.offload_backend != "native":
+        raise CommandLineError(
+            f"--kv-offloading-backend {ns.offload_backend!r}: the emulator models vLLM's native offloading only;"
+            " use native"
+        )
+    return int(gib * (1 << 30))
 
 
 def _engine_parser(engine: str) -> argparse.ArgumentParser:
@@ -130,6 +146,8 @@ def _engine_parser(engine: str) -> argparse.ArgumentParser:
         )  # 0.5.23's data-parallel attention
     else:
         p.add_argument("--moe-backend", dest="moe_backend", type=_moe_backend, default="auto")
+        p.add_argument("--kv-offloading-size", dest="offload_gib", type=GIB, default=None)  # vLLM 0.14.0 on
+        p.add_argument("--kv-offloading-backend", dest="offload_backend", default="native")
     add_flags(p, engine, POSITIVE, INDEX, PORT)
     return p
 
@@ -277,6 +295,7 @@ def parse_engine_command(
         nvlink_domain=env.get("XPYD_NVLINK_DOMAIN") or env.get("XPYD_NODE_NAME") or None,
         side_channel_host=side_host,
         side_channel_port=side_port,
+        kv_offloading_bytes=_offload_bytes(ns),
         extra_args=extra,
     )
     mode = None if ns.disaggregation_mode == "null" else ns.disaggregation_mode

@@ -37,7 +37,7 @@ class Sequence:
 
     __slots__ = ("aborted", "arrival", "blocks", "cached", "computed", "done", "event", "first_at",
                  "generated", "hashes", "hold", "last_at", "lease", "matched", "max_tokens", "on_done", "prompt",
-                 "rank", "streamed", "tokens")  # fmt: skip
+                 "rank", "ready_at", "reloaded", "streamed", "tokens")  # fmt: skip
 
     def __init__(
         self,
@@ -71,6 +71,8 @@ class Sequence:
         self.on_done: Callable[[], None] | None = None  # called once when the last token is out
         self.lease: int | None = None  # first block id of the KV lease that took over `blocks`
         self.tokens: Any = None  # the prompt's token ids, when KV events report stored blocks
+        self.reloaded = 0  # prompt tokens loaded back from the CPU tier instead of recomputed
+        self.ready_at = 0.0  # loop time its reload from the CPU tier is done (it waits until then)
 
 
 class Engine:
@@ -90,8 +92,11 @@ class Engine:
         parallel: Parallelism | None = None,
         rank_budget: int | None = None,
         rank_max_seqs: int | None = None,
+        reload_bytes_per_s: float = 0.0,
     ) -> None:
         self.model, self.gpu, self.tp, self.pool = model, gpu, tp, pool
+        # host -> GPU rate of a reload from the CPU tier, the replica's GPUs together (0: no CPU tier)
+        self.reload_bytes_per_s = reload_bytes_per_s
         self.ranks = pool.ranks  # data-parallel ranks kept apart (1: one engine, or SGLang's whole replica)
         self.rank_metrics = metrics if isinstance(metrics, list) else [metrics]
         if len(self.rank_metrics) != self.ranks:
@@ -172,14 +177,24 @@ class Engine:
         """Work is queued but no step ran for `limit` seconds (blocks that never free, a stuck loop)."""
         return bool(self.running or self.waiting) and now - self.progress > limit
 
-    def _match(self, seq: Sequence) -> None:
+    def _match(self, seq: Sequence, now: float = 0.0) -> None:
+        """Find the prompt's cached prefix: GPU-held blocks, then the run its CPU tier holds after them,
+        which the engine loads back over the host link (the sequence waits `ready_at` for it) instead
+        of recomputing it, as vLLM's OffloadingConnector loads what its lookup found."""
         pool = self.pool
         hits = pool.match(seq.hashes, seq.rank)
-        seq.cached = seq.computed = min(hits * pool.block_size, seq.prompt - 1)
+        gpu = min(hits * pool.block_size, seq.prompt - 1)
+        reload = pool.reload(seq.hashes, hits, seq.rank) if self.reload_bytes_per_s > 0 else 0
+        seq.cached = seq.computed = min((hits + reload) * pool.block_size, seq.prompt - 1)
+        seq.reloaded = seq.cached - gpu
+        if seq.reloaded > 0:
+            seconds = seq.reloaded * self.model.kv_bytes_per_token / self.reload_bytes_per_s
+            seq.ready_at = now + seconds / self.speedup
         seq.matched = True
         m = self.rank_metrics[seq.rank]
         m.prefix_queries += seq.prompt
-        m.prefix_hits += seq.cached
+        m.prefix_hits += gpu  # vLLM's prefix-cache counters: the GPU's own hits
+        m.offload_hits += seq.reloaded
 
     def instant(self, seq: Sequence, now: float) -> None:
         """Zero-delay mode: account a whole request at once (prefix cache, metrics), no scheduling."""
@@ -256,7 +271,10 @@ class Engine:
                 i += 1
                 continue
             if not seq.matched:
-                self._match(seq)
+                self._match(seq, now)
+            if seq.ready_at > now:  # its blocks are still loading from the CPU tier: the next ones go
+                i += 1
+                continue
             need = self.pool.blocks_for(seq.prompt + seq.max_tokens)
             if not self.pool.try_pin(need, rank):
                 blocked.add(rank)  # this rank serves its queue in order: it waits for blocks
@@ -345,6 +363,11 @@ class Engine:
             seq.on_done()
         return True
 
+    def _idle_wait(self, now: float) -> float:
+        """How long an idle step waits: until the first reload from the CPU tier is done, at most 50 ms."""
+        loading = [seq.ready_at - now for seq in self.waiting if seq.ready_at > now]
+        return max(0.001, min([0.05, *loading]))
+
     async def _sleep(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
         self._deadline = max(self._deadline, loop.time() - 0.05) + seconds
@@ -362,10 +385,10 @@ class Engine:
                 await self._wake.wait()
                 self._deadline = self.progress = loop.time()
             decodes, chunks, seconds = self.schedule(loop.time())
-            if not decodes and not chunks:  # waiting for blocks that never free: yield
+            if not decodes and not chunks:  # waiting for blocks that never free, or for reloads: yield
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                    await asyncio.wait_for(self._wake.wait(), self._idle_wait(loop.time()))
                 continue
             await self._sleep(seconds / self.speedup)
             self.apply(decodes, chunks, loop.time())

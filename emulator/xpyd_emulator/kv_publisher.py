@@ -10,8 +10,12 @@ lora_id, medium, lora_name}, {"type": "BlockRemoved", block_hashes, medium} or {
 [identity, "", start_seq] with [identity, "", seq, payload] for each buffered batch from start_seq on, then
 [identity, "", -1 (8 bytes, signed), ""]. vLLM sends one BlockStored per newly cached run of a request
 (hashes chained through parent_block_hash) and one BlockRemoved per evicted block; SGLang one BlockStored
-per page. Like vLLM, a thread encodes and sends. A salted prompt's first run carries its salt as vLLM
-publishes it: extra_keys, the first block's [salt].
+per page. With a CPU tier (vLLM's native offloading) the OffloadingConnector's events join the
+step's batch as vLLM publishes them: {"type": "BlockStored", block_hashes (the GPU's hashes), parent
+None, token_ids [], block_size, lora_id None, medium "CPU", lora_name None} for blocks copied to
+host memory and {"type": "BlockRemoved", block_hashes, medium "CPU"} for those the tier drops; the
+GPU's own events keep medium "GPU". Like vLLM, a thread encodes and sends. A salted prompt's first
+run carries its salt as vLLM publishes it: extra_keys, the first block's [salt].
 
 The SGLang flavour publishes SGLang 0.5.23's layout: the batch still [ts, events, attn_dp_rank],
 each event a map tagged by "type" with None fields left out, BlockStored carrying `cache_salt`.
@@ -40,6 +44,7 @@ from xpyd_emulator.prefix_cache import KvEvent
 
 log = logging.getLogger("xpyd.emulator")
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # vLLM's CPU offloading medium (kv_offload/cpu spec's medium())
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
@@ -111,6 +116,16 @@ def to_wire(events: list[KvEvent], block_size: int, per_page: bool) -> list[Wire
         if kind == "removed":
             out.append(
                 MapBlockRemoved(list(event[1]), MEDIUM_GPU) if per_page else BlockRemoved(list(event[1]), MEDIUM_GPU)
+            )
+        elif kind == "unloaded":
+            hashes = list(event[1])
+            out.append(MapBlockRemoved(hashes, MEDIUM_CPU) if per_page else BlockRemoved(hashes, MEDIUM_CPU))
+        elif kind == "offloaded":
+            hashes = list(event[1])
+            out.append(
+                MapBlockStored(hashes, None, [], block_size, None, MEDIUM_CPU)
+                if per_page
+                else BlockStored(hashes, None, [], block_size, None, MEDIUM_CPU, None)
             )
         elif kind == "cleared":
             out.append(MapAllBlocksCleared() if per_page else AllBlocksCleared())

@@ -75,6 +75,9 @@ class EngineMetrics:
         self.kv_usage = 0.0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.offload_hits = 0  # prompt tokens loaded from the CPU tier (vLLM: the connector's, not the GPU's)
+        self.offloaded_blocks = 0  # blocks in the CPU tier
+        self.cpu_tier = False  # a CPU tier is configured: its series are exported
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -119,6 +122,11 @@ def render_engines(engines: list[EngineMetrics], engine: MetricNames = VLLM_METR
            [m.generation_tokens for m in engines])  # fmt: skip
     scalar(names.EMULATOR_PREFIX_INDEX_BLOCKS, "gauge", "Blocks in the emulator's prefix index.",
            [m.index_blocks for m in engines])  # fmt: skip
+    if any(m.cpu_tier for m in engines):  # a CPU tier (KV offloading): what it holds and what it served
+        scalar(names.EMULATOR_CPU_TIER_BLOCKS, "gauge", "Blocks in the emulator's CPU KV tier.",
+               [m.offloaded_blocks for m in engines])  # fmt: skip
+        scalar(names.EMULATOR_CPU_TIER_HITS, "counter", "Prompt tokens loaded from the CPU KV tier, not recomputed.",
+               [m.offload_hits for m in engines])  # fmt: skip
     if engine is VLLM_METRICS:
         _vllm_only(engines, scalar, out)
     for name, attr, help_ in (

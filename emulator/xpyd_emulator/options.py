@@ -95,6 +95,9 @@ KNOBS = (
     Knob("heartbeat_timeout", "--heartbeat-timeout", "XPYD_HEARTBEAT_TIMEOUT", number(float, 0.2, 600), 5.0,
          "seconds of silence after which a multi-node replica's leader counts a rank lost (its /health turns "
          "503 for good) and a rank its leader (it exits 1); default 5"),
+    Knob("host_link_gbps", "--host-link-gbps", "XPYD_HOST_LINK_GBPS", number(float, 0, 100_000, True), None,
+         "GB/s one GPU loads KV back from the CPU tier (vLLM's --kv-offloading-size) at (default: 80% of the "
+         "GPU's host link in the topology table: 51.2 for PCIe Gen5 on H100/H200/B200, 360 for GB200's NVLink-C2C)"),
     Knob("engine_rev", "--engine-rev", "XPYD_ENGINE_REV", revision_text, None,
          "this worker's engine revision (the pod label xpyd.io/engine-rev, set by the operator): a decode refuses "
          "KV from a prefill of another revision with vLLM's failed-KV-load answer (default: no revision, no check)"),

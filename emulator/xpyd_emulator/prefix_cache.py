@@ -16,6 +16,13 @@ the LRU end then holds the tails of old prompts, so eviction shortens a cached p
 of cutting its head (which would leave the rest unreachable). With events recorded, every change
 is kept per rank as vLLM's KV events report it: ("stored", hashes, parent, token ids[,
 cache salt]) for the blocks a prompt adds past its cached prefix, ("removed", hashes) per evicted block, ("cleared",).
+
+A CPU tier (`cpu_blocks` per rank > 0: vLLM's native KV offloading, `--kv-offloading-size`) keeps
+blocks in host memory the way vLLM's OffloadingConnector does: every block the GPU caches is also
+copied to the tier (its events: ("offloaded", hashes) once stored there), the tier is an LRU of its
+own that drops its oldest blocks when full (("unloaded", hashes)), and a block the GPU evicts stays
+on the CPU while the tier has room. A prompt's run of blocks on the CPU after its GPU-cached prefix
+(`reload`) is loaded back instead of recomputed.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ MAX_SALTS = 1 << 16  # salted prompts remembered (by first block) for their stor
 class BlockPool:
     """Block accounting for one engine (or one per data-parallel rank): pinned blocks plus LRU indexes."""
 
-    __slots__ = ("_batch", "_events", "_indexes", "_pinned", "_salts", "block_size", "enabled", "evictions",
-                 "num_blocks", "rank_blocks", "ranks")  # fmt: skip
+    __slots__ = ("_batch", "_cpu", "_events", "_indexes", "_pinned", "_salts", "block_size", "cpu_blocks",
+                 "enabled", "evictions", "num_blocks", "rank_blocks", "ranks")  # fmt: skip
 
-    def __init__(self, num_blocks: int, block_size: int, enabled: bool = True, ranks: int = 1) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enabled: bool = True, ranks: int = 1, cpu_blocks: int = 0
+    ) -> None:
         self.ranks = max(1, ranks)
         self.num_blocks = max(self.ranks, num_blocks)  # the whole replica's
         self.rank_blocks = self.num_blocks // self.ranks  # one rank's KV cache
@@ -45,6 +54,8 @@ class BlockPool:
         self._batch = max(1, self.rank_blocks // 64)
         self._indexes: list[dict[int, None]] = [{} for _ in range(self.ranks)]
         self._salts: dict[int, str] = {}  # first block hash of a salted prompt -> its cache_salt
+        self.cpu_blocks = max(0, cpu_blocks) if enabled else 0  # one rank's CPU tier (0: none)
+        self._cpu: list[dict[int, None]] = [{} for _ in range(self.ranks)] if self.cpu_blocks else []
 
     def __len__(self) -> int:
         return sum(map(len, self._indexes))
@@ -104,6 +115,44 @@ class BlockPool:
             index[h] = None
         return hits
 
+    def offloaded(self, rank: int) -> int:
+        """Blocks in one rank's CPU tier."""
+        return len(self._cpu[rank]) if self._cpu else 0
+
+    def reload(self, hashes: list[int], start: int, rank: int = 0) -> int:
+        """How many of a prompt's blocks from `start` on (after its GPU-cached prefix) `rank`'s CPU tier
+        holds, one after another: the run the engine loads back instead of recomputing; touches them."""
+        if not self._cpu or start >= len(hashes):
+            return 0
+        tier = self._cpu[rank]
+        n = start
+        while n < len(hashes) and hashes[n] in tier:
+            n += 1
+        for h in reversed(hashes[start:n]):
+            del tier[h]
+            tier[h] = None
+        return n - start
+
+    def _offload(self, hashes: list[int], rank: int, events: list[KvEvent] | None) -> None:
+        """Copy the GPU's cached blocks to the CPU tier (the connector stores what it does not hold yet),
+        dropping the tier's least recently used when it is full."""
+        tier = self._cpu[rank]
+        new = [h for h in hashes if h not in tier]
+        for h in reversed(hashes):
+            if h in tier:
+                del tier[h]
+            tier[h] = None
+        overflow = len(tier) - self.cpu_blocks
+        victims = list(islice(tier, overflow)) if overflow > 0 else []
+        for h in victims:
+            del tier[h]
+        if events is not None:  # a block stored and dropped in one step was never there for the router
+            gone, fresh = set(victims), set(new)
+            if kept := [h for h in new if h not in gone]:
+                events.append(("offloaded", kept))
+            if dropped := [h for h in victims if h not in fresh]:
+                events.append(("unloaded", dropped))
+
     def insert(self, hashes: list[int], tokens: Any = None, rank: int = 0) -> None:
         """Record a computed prompt's blocks as cached on `rank`, evicting its least recently used.
 
@@ -132,6 +181,8 @@ class BlockPool:
             self.evictions += len(victims)
             if events is not None:
                 events.extend(("removed", [h]) for h in victims)
+        if self._cpu:
+            self._offload(hashes, rank, events)
 
     def salt(self, root: int, salt: str) -> None:
         """The prompt whose first block hashes to `root` was sent with `salt`: its stored events carry it."""
@@ -169,6 +220,8 @@ class BlockPool:
         """Drop every rank's prefix index (vLLM's /reset_prefix_cache resets each engine's)."""
         for index in self._indexes:
             index.clear()
+        for tier in self._cpu:  # vLLM's reset evicts the offloaded blocks too
+            tier.clear()
         if self._events is not None:
             for events in self._events:
                 events.append(("cleared",))

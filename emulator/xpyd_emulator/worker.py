@@ -37,6 +37,7 @@ from xpyd_emulator.peers import PeerPolicy, RemoteKv, check_peer, nixl_flags, ni
 from xpyd_emulator.prefix_cache import BlockPool
 from xpyd_emulator.protocol import ParsedRequest
 from xpyd_perf import (
+    GpuSpec,
     UnknownModelError,
     handoff_lanes,
     handoff_seconds,
@@ -48,6 +49,19 @@ from xpyd_perf import (
 
 log = logging.getLogger("xpyd.emulator")
 FALLBACK_MODEL = "llama-3.1-8b"
+
+
+HOST_LINK_EFFICIENCY = (
+    0.8  # the share of the host link's rate a reload of whole blocks achieves (as the router prices it)
+)
+
+
+def reload_bytes_per_s(cfg: EmulatorConfig, gpu: GpuSpec) -> float:
+    """How fast the replica loads KV back from its CPU tier: each of its `tp` GPUs its shard over its own
+    host link, at --host-link-gbps or 80% of the topology table's link (PCIe Gen5 64 GB/s on HGX,
+    NVLink-C2C 450 GB/s on GB200)."""
+    per_gpu = cfg.host_link_gbps * 1e9 if cfg.host_link_gbps else gpu.host_bandwidth * HOST_LINK_EFFICIENCY
+    return per_gpu * max(1, cfg.tp)
 
 
 class Worker:
@@ -71,7 +85,9 @@ class Worker:
         self.max_model_len = min(cfg.max_model_len or self.spec.max_model_len, rank_blocks * cfg.block_size)
         ranks = layout.dp if cfg.engine == "vllm" else 1  # vLLM's limits are per rank, SGLang's for the replica
         self.ranks = ranks  # vLLM's data-parallel engines, each with its own prefix cache and metrics
-        self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching, ranks=ranks)
+        # vLLM's native offloading: --kv-offloading-size is one engine's (one data-parallel rank's) host memory
+        cpu_blocks = cfg.kv_offloading_bytes // (cfg.block_size * self.spec.kv_bytes_per_token)
+        self.pool = BlockPool(blocks, cfg.block_size, cfg.enable_prefix_caching, ranks=ranks, cpu_blocks=cpu_blocks)
         name = cfg.served_model_names[0]
         self.metric_names = METRICS[cfg.engine]  # the engine's own names (xpyd_api.engines)
         labels = sglang_labels(name, cfg.disaggregation_mode) if cfg.engine == "sglang" else None
@@ -81,12 +97,14 @@ class Worker:
         self.metrics = self.rank_metrics[0]
         for m in self.rank_metrics:  # vLLM's NixlConnector series, with a KV connector
             m.nixl = cfg.kv_transfer_config is not None and cfg.engine == "vllm"
+            m.cpu_tier = self.pool.cpu_blocks > 0
+        reload_rate = reload_bytes_per_s(cfg, self.gpu) if self.pool.cpu_blocks else 0.0
         self.engine = Engine(
             self.spec, self.gpu, cfg.tp, self.pool, self.rank_metrics, speedup=cfg.speedup,
             max_num_batched_tokens=cfg.max_num_batched_tokens * ranks, max_num_seqs=cfg.max_num_seqs * ranks,
             parallel=layout.parallelism(domain_gpus(self.gpu.name)) if self.wide else None,
             rank_budget=cfg.max_num_batched_tokens // (1 if cfg.engine == "vllm" else layout.dp) or 1,
-            rank_max_seqs=cfg.max_num_seqs,
+            rank_max_seqs=cfg.max_num_seqs, reload_bytes_per_s=reload_rate,
         )  # fmt: skip
         self.group: GroupLeader | None = None
         if cfg.group.multi_node:  # the leader: ranks 1..N-1 join it; it models all their GPUs
@@ -156,6 +174,7 @@ class Worker:
         self.engine.gauges()
         for rank, m in enumerate(self.rank_metrics):
             m.index_blocks = self.pool.cached(rank)
+            m.offloaded_blocks = self.pool.offloaded(rank)
         return render_engines(self.rank_metrics, self.metric_names)
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:

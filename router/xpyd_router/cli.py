@@ -185,6 +185,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cpu-tier-tp", type=int, default=1, metavar="N", help="GPUs a first-hop replica reloads over")
     p.add_argument(
+        "--cpu-tier-weight", type=float, metavar="W",
+        help="count a block held in a worker's CPU tier at the fixed share W (0 < W <= 1) of a GPU-held one, "
+        "whatever its reload costs, instead of pricing it from --cpu-tier-gpu/--cpu-tier-model (llm-d's rule: "
+        "0.4; default: off)",
+    )  # fmt: skip
+    p.add_argument(
         "--hold-seconds", type=float, default=0.0, metavar="S",
         help="a request that finds no ready worker (a pool scaled to zero, or starting) waits up to S seconds for "
         "one, within its deadline, then gets 503 with Retry-After; the waiting count "
@@ -307,6 +313,9 @@ def validate(args: argparse.Namespace) -> str | None:
             )
         except ValueError as exc:
             return f"--cpu-tier-*: {exc}"
+    weight = args.cpu_tier_weight
+    if weight is not None and not (math.isfinite(weight) and 0 < weight <= 1):
+        return f"--cpu-tier-weight must be more than 0 and at most 1, got {weight}"
     if not (args.hold_seconds >= 0 and math.isfinite(args.hold_seconds)):
         return f"--hold-seconds must be 0 or more seconds, got {args.hold_seconds}"
     if args.hold_max < 1:
@@ -336,7 +345,8 @@ async def serve(args: argparse.Namespace, specs: list[WorkerSpec]) -> None:
 
     def retune(block_size: int = 0) -> None:
         tune(block_size)
-        pool.index.offloaded.price(getattr(args, "cpu_tier", None), max(1, round(keys.tokens_per_block)))
+        tier, weight = getattr(args, "cpu_tier", None), getattr(args, "cpu_tier_weight", None)
+        pool.index.offloaded.price(tier, max(1, round(keys.tokens_per_block)), weight)
 
     retune()
     pool.set_workers(specs)

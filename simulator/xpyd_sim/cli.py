@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="the router counts CPU-held blocks as nothing (default: priced by what a reload saves)",
     )
+    p.add_argument(
+        "--cpu-tier-weight",
+        dest="cpu_block_weight",
+        type=float,
+        metavar="W",
+        help="the router counts a CPU-held block at the fixed share W (0 < W <= 1) of a GPU-held one instead of"
+        " pricing it (llm-d's rule: 0.4; the router's --cpu-tier-weight)",
+    )
     p.add_argument("--scale", type=int, default=1, help="overlay this many copies of the trace (own prefixes)")
     p.add_argument("--max-requests", type=int, help="replay at most this many requests")
     p.add_argument("--duration", type=float, help="replay arrivals of the first S seconds only")
@@ -166,6 +174,10 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"xpyd simulate: --autoscaler-target wants KEY=NUMBER, got {args.autoscaler_target}", file=sys.stderr)
         return 2
+    weight = args.cpu_block_weight
+    if weight is not None and not 0 < weight <= 1:  # nan fails both
+        print(f"xpyd simulate: --cpu-tier-weight must be more than 0 and at most 1, got {weight}", file=sys.stderr)
+        return 2
     scaler = args.autoscaler or ("xpyd" if spec.deployment.autoscaling.enabled else "off")
     config = SimConfig(
         router=args.router or spec.deployment.router.policy,
@@ -186,6 +198,7 @@ def main(argv: list[str]) -> int:
         offload_bytes=args.offload_bytes,
         offload_decode=args.offload_decode,
         tier_pricing=args.tier_pricing,
+        cpu_block_weight=args.cpu_block_weight,
     )
     if args.plot:
         try:

@@ -39,3 +39,6 @@ class SimConfig:
     # what the router's `tiers` scorer prices a CPU-held block by: the pool's model, GPU and link (the
     # router knows them); False: the router scores GPU-held blocks only (the CPU tier counts nothing)
     tier_pricing: bool = True
+    # count a CPU-held block at this fixed share of a GPU-held one instead (the router's --cpu-tier-weight;
+    # llm-d's rule: 0.4); None: as tier_pricing says
+    cpu_block_weight: float | None = None

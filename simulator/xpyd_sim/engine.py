@@ -58,6 +58,7 @@ class Simulation:
             cfg.dp_routing,
             share_routes=cfg.peer_sync_s > 0,
             pricing=pricing if cfg.tier_pricing else None,
+            cpu_weight=cfg.cpu_block_weight,
         )
         self.router.set_workers(self.cluster.all_workers())
         self.first_role = first

@@ -61,6 +61,7 @@ class SimRouter:
         dp_routing: DpRouting = "ranks",
         share_routes: bool = False,
         pricing: ReloadCost | None = None,
+        cpu_weight: float | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"router replicas must be >= 1, got {replicas}")
@@ -83,7 +84,8 @@ class SimRouter:
             if self.bus is not None:
                 pool.index = EventFedIndex(own=index == "events+own")
                 self.bus.indexes.append(pool.index)
-            pool.index.offloaded.price(pricing, block_tokens)  # what the `tiers` scorer counts a CPU block as
+            # what the `tiers` scorer counts a CPU block as: priced, or at a fixed weight
+            pool.index.offloaded.price(pricing, block_tokens, cpu_weight)
             self.pools.append(pool)
         # Replicas exchanging their load (share_load) also pass on their routes, as loadshare.py does:
         # each one's (workers, blocks) since the last exchange, recorded in the others' indexes.

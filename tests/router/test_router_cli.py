@@ -66,6 +66,9 @@ XPYD = str(Path(sys.executable).with_name("xpyd"))
             ["--decode", U, "--cpu-tier-gpu", "B200", "--cpu-tier-model", "llama-3.1-8b", "--cpu-tier-tp", "0"],
             "--cpu-tier-*: reload pricing needs tp >= 1",
         ),
+        (["--decode", U, "--cpu-tier-weight", "0"], "--cpu-tier-weight must be more than 0 and at most 1, got 0.0"),
+        (["--decode", U, "--cpu-tier-weight", "1.5"], "--cpu-tier-weight must be more than 0 and at most 1, got 1.5"),
+        (["--decode", U, "--cpu-tier-weight", "nan"], "--cpu-tier-weight must be more than 0 and at most 1"),
         (["--decode", U, "--tokenizer", "emulator", "--chat-template", "t.jinja"], "--chat-template needs"),
         (
             ["--decode", U, "--tokenizer", "hf:org/m", "--chat-template", "/nonexistent/t.jinja"],

@@ -173,3 +173,41 @@ def test_the_router_prices_cpu_blocks_from_its_flags() -> None:
     assert validate(args) is None
     assert args.cpu_tier == ReloadCost(LLAMA, GPUS["GB200"], 4)
     assert parser().parse_args(["--decode", "http://127.0.0.1:9"]).scorers.startswith("tiers,")
+
+
+@pytest.mark.parametrize(
+    ("fixed", "priced", "want"),
+    [
+        (0.4, False, [3, 2 + 5 * 0.4, 4 * 0.4]),  # llm-d's rule: every CPU-held block at 0.4
+        (0.4, True, [3, 2 + 5 * 0.4, 4 * 0.4]),  # a fixed weight replaces the pricing
+        (1.0, False, [3, 7, 4]),  # a CPU-held block counted as a GPU-held one
+    ],
+)
+def test_a_fixed_cpu_weight_counts_every_cpu_block_alike(fixed: float, priced: bool, want: list[float]) -> None:
+    blocks = list(range(1, 9))
+    index = PrefixIndex()
+    index.store("a", blocks[:3])
+    index.store("b", blocks[:2])
+    index.offload("b", blocks[2:7])
+    index.offload("c", blocks[:4])
+    pricing = ReloadCost(LLAMA, GPUS["GB200"], 8) if priced else None
+    index.offloaded.price(pricing, 16, fixed)
+    assert index.offloaded.counted
+    tiers, _ = _scores(index, blocks)
+    assert tiers == pytest.approx(want)
+    assert index.offloaded.worth(2, 0) == 0.0  # no CPU run: nothing to weigh
+
+
+@pytest.mark.parametrize("fixed", [0.0, -0.4, 1.01])
+def test_a_fixed_cpu_weight_outside_0_1_is_refused(fixed: float) -> None:
+    with pytest.raises(ValueError, match="fixed CPU-block weight"):
+        TierIndex().price(None, 16, fixed)
+
+
+@pytest.mark.parametrize(("argv", "weight"), [([], None), (["--cpu-tier-weight", "0.4"], 0.4)])
+def test_the_router_takes_a_fixed_cpu_weight_from_its_flag(argv: list[str], weight: float | None) -> None:
+    from xpyd_router.cli import parser, validate
+
+    args = parser().parse_args(["--decode", "http://127.0.0.1:9", *argv])
+    assert validate(args) is None
+    assert args.cpu_tier_weight == weight

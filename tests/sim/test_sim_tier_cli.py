@@ -1,5 +1,5 @@
-"""`xpyd simulate`'s KV-offloading flags (--offload-bytes, --offload-decode, --no-tier-pricing) and the
-report's split of the prefix hit ratio into the GPU and the CPU tier."""
+"""`xpyd simulate`'s KV-offloading flags (--offload-bytes, --offload-decode, --no-tier-pricing,
+--cpu-tier-weight) and the report's split of the prefix hit ratio into the GPU and the CPU tier."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ BASE = ["--spec", "x.yaml", "--trace", "t.jsonl"]
 def test_offload_flags_parse(argv: list[str], size: int, decode: bool, pricing: bool) -> None:
     args = build_parser().parse_args([*BASE, *argv])
     assert (args.offload_bytes, args.offload_decode, args.tier_pricing) == (size, decode, pricing)
+
+
+@pytest.mark.parametrize(("argv", "weight"), [([], None), (["--cpu-tier-weight", "0.4"], 0.4)])
+def test_the_fixed_cpu_weight_flag_parses(argv: list[str], weight: float | None) -> None:
+    assert build_parser().parse_args([*BASE, *argv]).cpu_block_weight == weight
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "nan"])
+def test_a_fixed_cpu_weight_outside_0_1_is_refused(
+    bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(LLAMA_8B))
+    argv = ["--spec", str(spec), "--trace", str(_trace(tmp_path / "chat.jsonl")), "--cpu-tier-weight", bad]
+    assert main(argv) == 2
+    assert "--cpu-tier-weight must be more than 0 and at most 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["lots", "12Qi", "-5G", ""])

@@ -5,7 +5,9 @@ CPU when a block reaches host memory and `BlockRemoved` with medium CPU when the
 GPU events go on as before (a block evicted from the GPU is removed there, and may stay on the CPU).
 `PrefixIndex` keeps the GPU tier; this keeps the CPU one beside it, per worker, and knows what a
 reload from it costs (`pricing`, set by whoever knows the model and the hardware: the router's
-flags, the simulator). A scorer reads both (xpyd_router/policy/scorers/tiers.py).
+flags, the simulator), or counts a CPU-held block at a fixed share of a GPU-held one instead
+(`fixed`: llm-d's rule weighs it 0.4, whatever the request). A scorer reads both
+(xpyd_router/policy/scorers/tiers.py).
 """
 
 from __future__ import annotations
@@ -20,26 +22,40 @@ TIERS = ("gpu", "cpu")  # the tiers the router tells apart, as its metrics label
 class TierIndex:
     """Per worker, the router keys of the blocks its engine holds in host memory."""
 
-    __slots__ = ("_held", "_worth", "block_tokens", "pricing")
+    __slots__ = ("_held", "_worth", "block_tokens", "fixed", "pricing")
 
     def __init__(self, pricing: ReloadCost | None = None, block_tokens: int = 16) -> None:
         self._held: dict[str, set[int]] = {}
         self._worth: dict[tuple[int, int], float] = {}
         self.pricing = pricing  # what a reload costs against a recompute; None: CPU blocks count nothing
+        self.fixed: float | None = None  # a CPU-held block's weight whatever it costs (instead of pricing)
         self.block_tokens = block_tokens  # tokens per router block
 
-    def price(self, pricing: ReloadCost | None, block_tokens: int) -> None:
-        """Set what reloads cost and how many tokens a block holds."""
+    def price(self, pricing: ReloadCost | None, block_tokens: int, fixed: float | None = None) -> None:
+        """Set what reloads cost and how many tokens a block holds; `fixed` (in (0, 1]) counts every
+        CPU-held block at that share of a GPU-held one instead of pricing its reload."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
-        self.pricing, self.block_tokens = pricing, block_tokens
+        if fixed is not None and not 0.0 < fixed <= 1.0:
+            raise ValueError(f"a fixed CPU-block weight must be in (0, 1], got {fixed}")
+        self.pricing, self.block_tokens, self.fixed = pricing, block_tokens, fixed
         self._worth.clear()
+
+    @property
+    def counted(self) -> bool:
+        """Whether a CPU-held block counts for anything (priced, or at a fixed weight)."""
+        return self.fixed is not None or self.pricing is not None
 
     def worth(self, gpu_blocks: int, cpu_blocks: int) -> float:
         """The share of a GPU-held block a CPU-held one is worth, for `cpu_blocks` held on the CPU after
-        `gpu_blocks` on the GPU: what reloading them saves of recomputing them (0 without pricing)."""
+        `gpu_blocks` on the GPU: the fixed weight when one is set, else what reloading them saves of
+        recomputing them (0 without pricing)."""
+        if cpu_blocks <= 0:
+            return 0.0
+        if self.fixed is not None:
+            return self.fixed
         pricing = self.pricing
-        if pricing is None or cpu_blocks <= 0:
+        if pricing is None:
             return 0.0
         key = (gpu_blocks, cpu_blocks)
         got = self._worth.get(key)
