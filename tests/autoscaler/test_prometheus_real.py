@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
 from aiohttp import web
 
-from xpyd_chart.helm import find_binary
+from realprom import free_port, running  # type: ignore[import-not-found]  # tests/ is on sys.path
 from xpyd_operator.autoscaling.prometheus import PrometheusClient
 from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 
 pytestmark = pytest.mark.slow
-PROMETHEUS = find_binary("prometheus")  # the local cluster's build (`make tools`), else one on PATH
 
 
 @dataclass
@@ -71,13 +67,6 @@ class Worker:
             await self.runner.cleanup()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 async def workers() -> AsyncIterator[dict[str, Worker]]:
     ws = {
@@ -95,8 +84,6 @@ async def workers() -> AsyncIterator[dict[str, Worker]]:
 
 @pytest.fixture
 def prometheus(workers: dict[str, Worker], tmp_path: Path) -> Iterator[str]:
-    if PROMETHEUS is None:
-        pytest.fail("no prometheus binary: run `make tools` (it builds one into $XPYD_CACHE/bin)")
     targets = [
         {
             "targets": [f"127.0.0.1:{w.port}"],
@@ -113,23 +100,8 @@ def prometheus(workers: dict[str, Worker], tmp_path: Path) -> Iterator[str]:
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [{"job_name": "workers", "static_configs": targets}],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with running(tmp_path, config) as url:
+        yield url
 
 
 async def until(

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 
+from realprom import running, serve_pages, stop_pages  # type: ignore[import-not-found]  # tests/ is on sys.path
 from xpyd_api import metric_names as names
-from xpyd_chart.helm import find_binary, one, template
+from xpyd_chart.helm import one, template
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("helm")]
-PROMETHEUS = find_binary("prometheus")  # `make tools` builds one into $XPYD_CACHE/bin
 
 
 def router(pairable: int, workers: dict[tuple[str, str], int]) -> str:
@@ -48,39 +43,13 @@ DEPLOYMENTS: dict[str, tuple[list[str], bool]] = {
 }
 
 
-def _serve(text: str) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[str]:
-    if PROMETHEUS is None:
-        pytest.fail("no prometheus binary: run `make tools` (it builds one into $XPYD_CACHE/bin)")
     servers, targets = [], []
     for deployment, (routers, _) in DEPLOYMENTS.items():
         for i, text in enumerate(routers):
-            httpd = _serve(text.replace('deployment="DD"', f'deployment="{deployment}"'))
+            page = text.replace('deployment="DD"', f'deployment="{deployment}"')
+            httpd = serve_pages({"/metrics": lambda page=page: page})
             servers.append(httpd)
             port = httpd.server_address[1]
             targets.append(
@@ -90,21 +59,12 @@ def prometheus(tmp_path: Path) -> Iterator[str]:
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [{"job_name": "routers", "static_configs": targets}],
     }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     try:
-        yield f"http://127.0.0.1:{port}"
+        with running(tmp_path, config) as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         for httpd in servers:
-            httpd.shutdown()
-            httpd.server_close()
+            stop_pages(httpd)
 
 
 def query(base: str, expr: str) -> list[dict[str, str]]:

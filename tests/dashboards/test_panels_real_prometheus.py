@@ -3,28 +3,21 @@ Prometheus scrapes an autoscaler that ran an SLO decision and workers with laten
 
 from __future__ import annotations
 
-import http.server
-import socket
-import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from realprom import running, serve_pages, stop_pages  # type: ignore[import-not-found]  # tests/ is on sys.path
 from xpyd_api.models import SloSpec
-from xpyd_chart.helm import find_binary
 from xpyd_dashboards import all_queries, applicable, substitute
 from xpyd_dashboards.panels import SLO
 from xpyd_operator.autoscaling.metrics import AutoscalerMetrics
 from xpyd_operator.autoscaling.types import Decision, PoolDecision, PoolState
 
 pytestmark = pytest.mark.slow
-PROMETHEUS = find_binary("prometheus")  # the local cluster's build (`make tools`), else one on PATH
 NS, NAME = "ns", "llama"
 
 
@@ -74,39 +67,12 @@ def _autoscaler_text() -> str:
     return generate_latest(registry).decode()
 
 
-def _serve(pages: dict[str, Callable[[], str]]) -> tuple[http.server.ThreadingHTTPServer, int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            make = pages.get(self.path)
-            body = make().encode() if make else b""
-            self.send_response(200 if make else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, server.server_address[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if PROMETHEUS is None:
-        pytest.fail("no prometheus binary: run `make tools` (it builds one into $XPYD_CACHE/bin)")
     clock = _Clock()
     autoscaler = _autoscaler_text()
-    server, port = _serve({"/worker": lambda: _worker_text(clock), "/autoscaler": lambda: autoscaler})
+    server = serve_pages({"/worker": lambda: _worker_text(clock), "/autoscaler": lambda: autoscaler})
+    port = server.server_address[1]
     workers = [
         {
             "targets": [f"127.0.0.1:{port}"],
@@ -130,40 +96,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             }
         ],
     }
-    folder = tmp_path_factory.mktemp("prometheus")
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    web = _free_port()
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={folder / 'prometheus.yml'}",
-            f"--storage.tsdb.path={Path(folder) / 'data'}",
-            f"--web.listen-address=127.0.0.1:{web}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        url = f"http://127.0.0.1:{web}"
-        _wait_ready(url)
-        yield url
+        with running(tmp_path_factory.mktemp("prometheus"), config) as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        server.shutdown()
-        server.server_close()
-
-
-def _wait_ready(url: str) -> None:
-    """Until Prometheus says it is ready (refused connections, then 503s, while it starts)."""
-    for _ in range(150):
-        try:
-            if httpx.get(url + "/-/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("Prometheus never became ready")
+        stop_pages(server)
 
 
 def _query(client: httpx.Client, expr: str) -> dict[str, object]:
