@@ -132,6 +132,11 @@ def side_channel_host(pod: Pod, ref: Reference) -> None:  # L-W, L-PD, L-MS; Nix
     if _serves_api(pod):
         assert {"name": "kv-side", "containerPort": L.NIXL_PORT, "protocol": "TCP"} in c["ports"]
     config = json.loads(_flag(_argv(pod), "--kv-transfer-config", "{}"))
+    if config.get("kv_connector") == "MultiConnector":  # a pool with kvOffload: the handoff first, the CPU tier next
+        connectors = config["kv_connector_extra_config"]["connectors"]
+        assert [c["kv_connector"] for c in connectors][1:] == ["OffloadingConnector"], connectors
+        assert connectors[0]["kv_role"] == config["kv_role"], connectors
+        config = connectors[0]
     # the references' kv_both is deprecated from vLLM 0.23: producer on prefill, consumer on decode (docs/engines.md)
     assert config["kv_connector"] == "NixlConnector" and config["kv_role"] in ("kv_producer", "kv_consumer")
 
