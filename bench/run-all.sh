@@ -22,4 +22,5 @@ $PY bench/tiers/live.py
 $PY bench/reliability/real_versions.py --install   # a second vLLM CPU release beside the pinned one
 if [ -z "${KUBECONFIG:-}" ]; then eval "$(.venv/bin/xpyd cluster up | tail -1)"; fi
 $PY bench/operator/bench_operator.py
+$PY bench/reliability/real_upgrade.py --install   # real vLLM pods across two releases (after real_versions.py)
 $PY bench/reliability/run.py   # its cluster cases restart the local cluster's components: last
