@@ -258,7 +258,11 @@ def _pod_view(pod: Mapping[str, Any], ordinal: int | None = None) -> PodView:
 
 def _group_views(pods: Sequence[Mapping[str, Any]], size: int) -> tuple[PodView, ...]:
     """One view per LeaderWorkerSet group (its group-index label): its leader's revision, ready when all
-    `size` pods are there, ready and on that revision, unschedulable when one is, its pods' most restarts."""
+    `size` pods are there, ready and on that revision, unschedulable when one is, its pods' most restarts.
+
+    The controller recreates a group at its pods' first restart (RecreateGroupOnPodRestart), which resets
+    the counts: a crash-looping group seldom shows FAILED_RESTARTS, and its roll holds rather than rolls back.
+    """
     members: dict[int, list[tuple[int, PodView]]] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
