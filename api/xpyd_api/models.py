@@ -529,8 +529,8 @@ class RolloutSpec(_Model):
         ge=0,
         le=64,
         description="Replicas per pool started on the new engine revision before any old one goes, so both "
-        "revisions keep prefill/decode pairs; surge pods the scheduler cannot place are dropped and the roll "
-        "goes on in place. 0: in place from the start. StatefulSet pools; LeaderWorkerSet pools roll decode first.",
+        "revisions keep prefill/decode pairs; surge replicas the scheduler cannot place are dropped and the roll "
+        "goes on in place. 0: in place from the start. A LeaderWorkerSet pool's replica is a group of pods.",
     )
     rollback: bool = Field(
         default=True,

@@ -18,6 +18,7 @@ from xpyd_operator.placement import Demand, NodeInfo, Placement, PodInfo, Reserv
 from xpyd_operator.placement import unschedulable_reason as _unschedulable
 
 WORKLOADS = frozenset({"StatefulSet", groups.KIND, "Deployment"})  # applied after the objects they use
+STEPPED = frozenset({"StatefulSet", groups.KIND})  # the pools' workloads, which an engine change steps in lockstep
 
 
 @dataclass
@@ -39,7 +40,7 @@ class Desired:
     placement: Placement | None
     children: list[dict[str, Any]]
     error: tuple[str, str] | None = None  # (reason, message) that keeps children untouched
-    rollout: lockstep.Plan | None = None  # an engine change's lockstep (StatefulSet pools), or None
+    rollout: lockstep.Plan | None = None  # an engine change's lockstep (StatefulSet or LeaderWorkerSet pools), or None
 
 
 class InputError(Exception):
@@ -286,28 +287,29 @@ def desire(
 def in_step(
     owner: Owner, spec: DisaggregatedDeploymentSpec, children: list[dict[str, Any]], observed: Observed
 ) -> tuple[list[dict[str, Any]], lockstep.Plan | None]:
-    """The children with an engine change's next lockstep applied to the pools' StatefulSets (xpyd_operator.lockstep).
+    """The children with an engine change's next lockstep applied to the pools' workloads (xpyd_operator.lockstep).
 
-    Only when every pool is a StatefulSet; LeaderWorkerSet pools keep the decode-first hold (xpyd_operator.rollout).
+    Each pool is a StatefulSet or a LeaderWorkerSet (one of each works too): both step through the change
+    together, by their partitions. A pool whose workload changes kind has no observed one of its new kind:
+    it starts afresh (the old one is pruned), with nothing to step with.
     """
     roles = [r for r in spec.pools() if r in ("prefill", "decode")]
     names = {child_name(owner, r): r for r in roles}
-    wanted = {
-        m["metadata"]["name"]: m for m in children if m["kind"] == "StatefulSet" and m["metadata"]["name"] in names
-    }
+    wanted = {m["metadata"]["name"]: m for m in children if m["kind"] in STEPPED and m["metadata"]["name"] in names}
     if len(roles) < 2 or len(wanted) < len(roles):
         return children, None
     views = []
     for name, role in names.items():
         pods = [p for p in observed.own_pods if ((p.get("metadata") or {}).get("labels") or {}).get(L.ROLE) == role]
-        views.append(lockstep.pool_view(role, wanted[name], observed.children.get(("StatefulSet", name)), pods))
+        have = observed.children.get((wanted[name]["kind"], name))
+        views.append(lockstep.pool_view(role, wanted[name], have, pods))
     owns = all(m["spec"].get("replicas") is not None for m in wanted.values())
     roll = lockstep.plan(views, spec.rollout.max_surge, spec.rollout.rollback, owns)
     if not roll.steps:
         return children, roll
     out = []
     for m in children:
-        role = names.get(m["metadata"]["name"], "") if m["kind"] == "StatefulSet" else ""
+        role = names.get(m["metadata"]["name"], "") if m["kind"] in STEPPED else ""
         out.append(stamp(lockstep.apply(m, roll.steps[role], owns)) if role in roll.steps else m)
     return out, roll
 

@@ -44,10 +44,7 @@ def leaderworkerset(b: PoolBuild, leader: dict[str, Any], worker: dict[str, Any]
         worker["spec"]["affinity"] = {**(worker["spec"].get("affinity") or {}), **same_clique_as_leader(name)}
     body: dict[str, Any] = {
         "startupPolicy": "LeaderCreated",
-        "rolloutStrategy": {
-            "type": "RollingUpdate",
-            "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
-        },
+        "rolloutStrategy": rollout_strategy(),
         "networkConfig": {"subdomainPolicy": "Shared"},
         "leaderWorkerTemplate": {
             "size": layout.pods,
@@ -59,6 +56,18 @@ def leaderworkerset(b: PoolBuild, leader: dict[str, Any], worker: dict[str, Any]
     if b.pool.replicas is not None:
         body["replicas"] = b.pool.replicas
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata_for(b.owner, name, b.role), "spec": body}
+
+
+def rollout_strategy(partition: int = 0) -> dict[str, Any]:
+    """The LeaderWorkerSet's rollout: groups with an index at or above `partition` take the new template.
+
+    An engine change moves `partition` one group per pool at a time (xpyd_operator.lockstep), so the
+    controller's own surge stays 0 (the lockstep writes surge groups into `replicas`) and its
+    maxUnavailable 1 (never 0 beside maxSurge 0): it lets the controller replace the one group each step
+    hands it, and never more, since the partition is always the floor of what it replaces.
+    """
+    config = {"partition": partition, "maxSurge": 0, "maxUnavailable": 1}
+    return {"type": "RollingUpdate", "rollingUpdateConfiguration": config}
 
 
 def templates(workload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from xpyd_api import conditions as C
 from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 from xpyd_api.podmodels import NetworkSpec
 from xpyd_http import hub
-from xpyd_operator import opmetrics, rollout, sizing, statuscalc
+from xpyd_operator import opmetrics, sizing, statuscalc
 from xpyd_operator.desired import (
     WORKLOADS,
     Desired,
@@ -26,7 +26,7 @@ from xpyd_operator.desired import (
     with_defaults,
     with_model_config,
 )
-from xpyd_operator.meta import Owner, child_name, default_own_image
+from xpyd_operator.meta import Owner, default_own_image
 from xpyd_operator.modelhub import HubSettings, ModelHub
 from xpyd_operator.routerkit import MonitorSettings
 from xpyd_perf import ModelConfigError, Topology, parse_json
@@ -188,10 +188,6 @@ class Reconciler:
         deleted: list[str] = []
         if desired.error is None:
             todo = [m for m in desired.children if needs_apply(m, observed.children.get(_key(m)))]
-            wanted = {_key(m): m for m in desired.children}
-            first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
-            if rollout.held_back(wanted, observed.children, first, then):
-                todo = [m for m in todo if _key(m)[1] != then or m["kind"] not in WORKLOADS]  # prefill waits for decode
             # Supporting objects first, then the workloads that use them; each phase in parallel.
             for phase in (False, True):
                 batch = [m for m in todo if (m["kind"] in WORKLOADS) is phase]

@@ -121,18 +121,12 @@ def compute(
         reason = "AllReplicasReady" if ready else "ReplicasNotReady"
         conds.append(C.make(C.READY, ready, reason, ", ".join(counts) + " ready", generation))
         rolling = _rolling(observed, owner, roles)
-        wanted = {(m["kind"], m["metadata"]["name"]): m for m in desired.children}
-        first, then = (child_name(owner, role) for role in (rollout.FIRST, rollout.THEN))
-        held_prefill = rollout.held_back(wanted, observed.children, first, then)
         roll = desired.rollout
         if roll is not None and roll.phase in ("rolling-back", "rolled-back"):
             conds.append(C.make(C.PROGRESSING, roll.phase == "rolling-back", "EngineRevisionRolledBack", roll.message,
                                 generation))  # fmt: skip
         elif roll is not None and roll.phase:
             conds.append(C.make(C.PROGRESSING, True, "EngineUpgradeInStep", roll.message, generation))
-        elif held_prefill:
-            msg = f"engine upgrade: decode rolls first, prefill waits (rolling out {', '.join(rolling) or 'decode'})"
-            conds.append(C.make(C.PROGRESSING, True, "EngineUpgradeDecodeFirst", msg, generation))
         elif rolling:
             msg = f"rolling out {', '.join(rolling)}"
             conds.append(C.make(C.PROGRESSING, True, "RollingOut", msg, generation))

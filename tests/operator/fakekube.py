@@ -117,10 +117,13 @@ class FakeKube:
 
         With `simulate_pods`, each StatefulSet's pods too, as its controller keeps them: ordinals below
         the replicas, those at or above the partition on the template's engine revision, the rest as they
-        were. `ready=False`: the pods this call makes or replaces are not ready yet, the others unchanged.
+        were; and each LeaderWorkerSet's groups alike (a group: a leader `<name>-<g>` and workers
+        `<name>-<g>-<w>`, made and replaced whole). `ready=False`: the pods this call makes or replaces
+        are not ready yet, the others unchanged.
         """
         if self.simulate_pods:
             self._play_statefulset_pods(ready)
+            self._play_leaderworkerset_pods(ready)
         for (kind, _), obj in self.objects.items():
             if kind == "LeaderWorkerSet":
                 n = obj["spec"].get("replicas", 1)
@@ -163,6 +166,43 @@ class FakeKube:
                     "spec": copy.deepcopy(template["spec"]),
                     "status": {"conditions": conditions, "containerStatuses": [{"name": "engine", "restartCount": 0}]},
                 }
+
+    def _play_leaderworkerset_pods(self, ready: bool) -> None:
+        for (kind, name), obj in self.objects.items():
+            if kind != "LeaderWorkerSet":
+                continue
+            spec = obj["spec"]
+            lwt = spec["leaderWorkerTemplate"]
+            size, replicas = int(lwt.get("size") or 1), int(spec.get("replicas", 1))
+            config = (spec.get("rolloutStrategy") or {}).get("rollingUpdateConfiguration") or {}
+            partition = int(config.get("partition") or 0)
+            rev = lwt["leaderTemplate"]["metadata"]["labels"].get(L.ENGINE_REV, "")
+            mine = {p: pod for p, pod in self.pods.items() if pod["metadata"]["labels"].get(L.LWS_NAME) == name}
+            for pod_name, pod in mine.items():
+                if int(pod["metadata"]["labels"][L.LWS_GROUP_INDEX]) >= replicas:
+                    del self.pods[pod_name]
+            for g in range(replicas):
+                leader = self.pods.get(f"{name}-{g}")
+                if leader is not None and (g < partition or leader["metadata"]["labels"].get(L.ENGINE_REV) == rev):
+                    if ready:  # kept: settled means every pod of the group ready
+                        for w in range(size):
+                            self.pods[f"{name}-{g}-{w}" if w else f"{name}-{g}"]["status"]["conditions"] = [
+                                {"type": "Ready", "status": "True"}
+                            ]
+                    continue
+                for w in range(size):  # the group is made, or replaced whole, from the template
+                    template = lwt["leaderTemplate" if w == 0 else "workerTemplate"]
+                    labels = {**template["metadata"]["labels"], L.LWS_NAME: name, L.LWS_GROUP_INDEX: str(g),
+                              L.LWS_WORKER_INDEX: str(w)}  # fmt: skip
+                    pod_name = f"{name}-{g}-{w}" if w else f"{name}-{g}"
+                    self.pods[pod_name] = {
+                        "metadata": {"name": pod_name, "labels": labels},
+                        "spec": copy.deepcopy(template["spec"]),
+                        "status": {
+                            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                            "containerStatuses": [{"name": "engine", "restartCount": 0}],
+                        },
+                    }
 
     def set_pod(self, name: str, ready: bool | None = None, restarts: int | None = None,
                 unschedulable: bool = False) -> None:  # fmt: skip

@@ -77,6 +77,11 @@ def test_vllm_wide_ep_on_hgx_renders_two_node_groups() -> None:
     assert ("StatefulSet", "llama-prefill") not in out
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert (lws["spec"]["replicas"], lwt["size"], lwt["restartPolicy"]) == (1, 2, "RecreateGroupOnPodRestart")
+    # groups at or above the partition take a new template; an engine change moves it (xpyd_operator.lockstep)
+    assert lws["spec"]["rolloutStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"partition": 0, "maxSurge": 0, "maxUnavailable": 1},
+    }
     leader, worker = _cmd(lws, "leader"), _cmd(lws, "worker")
     for script in (leader, worker):
         words = script.split()

@@ -1,4 +1,4 @@
-"""Engine changes in lockstep: both StatefulSet pools step through a new revision, pairs kept on the way."""
+"""Engine changes in lockstep: both pools (StatefulSets or LeaderWorkerSets) step through a new revision, pairs kept."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from xpyd_api import labels as L
 from xpyd_operator import lockstep
 from xpyd_operator.autoscaling.spec import pool_runtime
 from xpyd_operator.lockstep import FAILED, PREVIOUS, PREVIOUS_REV, SURGE, PodView, PoolView, Step
@@ -212,3 +213,79 @@ def test_the_autoscaler_reads_each_pool_s_own_size_at_every_phase(pools: list[Po
         manifest = {"metadata": {"name": f"dd-{pool.role}"}, "spec": {"replicas": pool.replicas}}
         written = lockstep.apply(manifest, plan.steps[pool.role], owns_replicas=True)
         assert pool_runtime(written, [], pool.role).replicas == pool.replicas
+
+
+LWT = {"size": 2, "leaderTemplate": OLD_TEMPLATE, "workerTemplate": OLD_TEMPLATE}
+
+
+def group_pod(group: int, rank: int, rev: str = "v1", ready: bool = True, restarts: int = 0,
+              unschedulable: bool = False) -> dict[str, Any]:  # fmt: skip
+    """A LeaderWorkerSet pod: its name ends in its worker index (the leader's in its group index)."""
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if unschedulable:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    labels = {"xpyd.io/role": "decode", "xpyd.io/engine-rev": rev}
+    labels |= {L.LWS_GROUP_INDEX: str(group), L.LWS_WORKER_INDEX: str(rank)}
+    status = {"conditions": conditions, "containerStatuses": [{"restartCount": restarts}]}
+    status["phase"] = "Pending" if unschedulable else "Running"
+    name = f"dd-decode-{group}-{rank}" if rank else f"dd-decode-{group}"
+    return {"metadata": {"name": name, "labels": labels}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("members", "want"),
+    [
+        ([group_pod(0, 0), group_pod(0, 1)], PodView(0, "v1", True)),  # every pod of the group ready
+        ([group_pod(1, 0), group_pod(1, 1, ready=False)], PodView(1, "v1", False)),  # one rank not ready
+        ([group_pod(2, 0)], PodView(2, "v1", False)),  # a rank missing (the group is being made)
+        ([group_pod(3, 1, "v1"), group_pod(3, 0, "v2")], PodView(3, "v2", False)),  # ranks on two revisions
+        ([group_pod(4, 0, "v2"), group_pod(4, 1, "v2", ready=False, unschedulable=True)],
+         PodView(4, "v2", False, unschedulable=True)),  # one rank without GPUs: the group is unplaced
+        ([group_pod(5, 0, "v2", ready=False), group_pod(5, 1, "v2", ready=False, restarts=4)],
+         PodView(5, "v2", False, restarts=4)),  # the most restarts of any of its pods
+    ],
+)  # fmt: skip
+def test_a_leaderworkerset_replica_is_one_group_of_pods(members: list[dict[str, Any]], want: PodView) -> None:
+    desired = {"kind": "LeaderWorkerSet", "spec": {"replicas": 3, "leaderWorkerTemplate": {
+        "leaderTemplate": {"metadata": {"labels": {"xpyd.io/engine-rev": "v2"}}}}}}  # fmt: skip
+    observed = {
+        "kind": "LeaderWorkerSet",
+        "metadata": {"annotations": {SURGE: "1"}},
+        "spec": {"replicas": 4, "leaderWorkerTemplate": LWT,
+                 "rolloutStrategy": {"rollingUpdateConfiguration": {"partition": 2, "maxSurge": 0}}},
+    }  # fmt: skip
+    got = lockstep.pool_view("decode", desired, observed, members)
+    assert (got.want_rev, got.have_rev, got.replicas, got.partition) == ("v2", "v1", 3, 2)
+    assert got.template == LWT and got.note(SURGE) == "1"
+    assert got.pods == (want,)
+
+
+def test_apply_on_a_leaderworkerset_writes_groups_partition_and_its_leaderworkertemplate() -> None:
+    manifest: dict[str, Any] = {
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "dd-decode", "annotations": {"keep": "1"}},
+        "spec": {"replicas": 3, "leaderWorkerTemplate": {"size": 2, "leaderTemplate": {"new": True}},
+                 "rolloutStrategy": {"type": "RollingUpdate"}},
+    }  # fmt: skip
+    out = lockstep.apply(manifest, Step(4, 3, {SURGE: "1"}), owns_replicas=True)
+    assert out["spec"]["replicas"] == 4  # groups: the pool's three and one surge group
+    assert out["spec"]["rolloutStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdateConfiguration": {"partition": 3, "maxSurge": 0, "maxUnavailable": 1},
+    }  # the controller's own surge stays 0: the partition drives the roll
+    assert "updateStrategy" not in out["spec"] and "template" not in out["spec"]
+    assert out["metadata"]["annotations"] == {"keep": "1", SURGE: "1"}
+    back = lockstep.apply(manifest, Step(3, 0, {}, LWT), owns_replicas=False)
+    assert back["spec"]["leaderWorkerTemplate"] == LWT and back["spec"]["replicas"] == 3
+    assert back["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["partition"] == 0
+
+
+def test_the_autoscaler_reads_a_surged_leaderworkerset_as_its_own_groups() -> None:
+    """During a roll the LeaderWorkerSet runs 3 + 1 surge groups; a group's pods end in their worker index,
+    so the surge group is found by its group index, not by a pod name's tail."""
+    lws = {"kind": "LeaderWorkerSet", "metadata": {"annotations": {SURGE: "1"}}, "spec": {"replicas": 4},
+           "status": {"readyReplicas": 4}}  # fmt: skip
+    running = [group_pod(3, 0, "v2", ready=False, unschedulable=True), group_pod(3, 1, "v2", ready=False,
+               unschedulable=True), group_pod(1, 5, ready=False, unschedulable=True)]  # fmt: skip
+    got = pool_runtime(lws, running, "decode")
+    assert (got.replicas, got.ready, got.unschedulable) == (3, 3, 1)  # group 1 starved; the surge group not counted

@@ -57,8 +57,9 @@ def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role
 
     `sts` is the pool's StatefulSet or LeaderWorkerSet: replicas and readyReplicas count groups for
     the latter, and a group with any unschedulable pod is one starved replica (never a partial one).
-    While an engine change surges a StatefulSet (xpyd_operator.lockstep), the pool is its own size:
-    the surge replicas (top ordinals) count neither in its size, nor as ready above it, nor as starved.
+    While an engine change surges a pool (xpyd_operator.lockstep), the pool is its own size: the surge
+    replicas (top ordinals: pods of a StatefulSet, groups of a LeaderWorkerSet) count neither in its
+    size, nor as ready above it, nor as starved.
     """
     surge = rollout_surge(sts)
     replicas = max(0, int((sts.get("spec") or {}).get("replicas", 1)) - surge)
@@ -71,7 +72,7 @@ def pool_runtime(sts: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], role
         pod_labels = meta.get("labels") or {}
         if pod_labels.get(labels.ROLE) != role:
             continue
-        if surge and _ordinal(str(meta.get("name", ""))) >= replicas:
+        if surge and _ordinal(meta) >= replicas:
             continue  # a surge pod: lockstep drops the surge when the scheduler cannot place it
         status = pod.get("status") or {}
         if status.get("phase") != "Pending":
@@ -92,9 +93,11 @@ def rollout_surge(sts: Mapping[str, Any]) -> int:
         return 0
 
 
-def _ordinal(pod_name: str) -> int:
-    """A StatefulSet pod's ordinal (its name's last dash-separated part); -1 when it has none."""
-    tail = pod_name.rsplit("-", 1)[-1]
+def _ordinal(meta: Mapping[str, Any]) -> int:
+    """A replica's ordinal: a LeaderWorkerSet pod's group index (its name ends in its worker index), else a
+    StatefulSet pod's ordinal (its name's last dash-separated part); -1 when it has none."""
+    group = str((meta.get("labels") or {}).get(labels.LWS_GROUP_INDEX, ""))
+    tail = group or str(meta.get("name", "")).rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
 
 
