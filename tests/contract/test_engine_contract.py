@@ -83,6 +83,9 @@ def _doc(shape: str, release: EngineRelease) -> dict[str, Any]:
         engine.pop("args", None)
         engine.pop("env", None)
     engine |= {"kind": release.kind, "image": release.image}
+    if profile(release).kv_offload == "none":  # the example's CPU KV tier needs a release that renders one
+        for role in ("prefill", "decode", "worker"):
+            (doc["spec"].get(role) or {}).pop("kvOffload", None)
     return doc
 
 
