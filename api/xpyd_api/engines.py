@@ -161,9 +161,8 @@ PROFILES: Final[tuple[EngineProfile, ...]] = (
         dp_attention="enable-dp-attention", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
     ),
 )  # fmt: skip
-# The emulator speaks the newest vLLM's protocol and flags. It models vLLM's native CPU tier from a command line
-# that carries --kv-offloading-size, but not the MultiConnector form a P/D pool is rendered with, so kvOffload
-# renders nothing for it yet ("none").
+# The emulator speaks the newest vLLM's protocol and flags, and models vLLM's native CPU tier from either form the
+# operator renders: --kv-offloading-size, or a P/D pool's MultiConnector with an OffloadingConnector.
 EMULATOR: Final = EngineProfile(
     "emulator",
     (0, 0, 0),
@@ -175,6 +174,7 @@ EMULATOR: Final = EngineProfile(
     all2all="flag",
     rank_header=True,
     tokens="emulator",
+    kv_offload="flags",
 )
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+.][\w.+-]*)?$")
 
@@ -190,7 +190,11 @@ def kv_offload_problem(profile: EngineProfile, where: str, backend: str, disk: s
     """Why this release cannot render a pool's kvOffload (`where` names the field); None when it can."""
     release = f"{profile.kind} {profile.version_text}"
     if profile.kind == "emulator":
-        return None  # nothing is rendered for the emulator (see EMULATOR)
+        if disk is not None:
+            return f"{where}.disk: the emulator models a CPU tier only; drop disk"
+        if backend != "native":
+            return f"{where}.backend {backend!r}: the emulator models vLLM's native offloading only; drop backend"
+        return None
     if profile.kv_offload == "none":
         return (
             f"{where} needs {profile.kind} {KV_OFFLOAD_MIN_VLLM} or newer: {release}'s OffloadingConnector takes a"

@@ -609,8 +609,6 @@ class DisaggregatedDeploymentSpec(_Model):
         where = f"{role}.kvOffload"
         if (problem := engine_profiles.kv_offload_problem(profile, where, offload.backend, offload.disk)) is not None:
             raise SpecError(problem)
-        if profile.kind == "emulator":
-            return
         share = -(-offload.cpu_bytes // pool.layout(self.topology.hardware).pods)
         for field, patch in (("podTemplatePatch", self.pod_template_patch), (f"{role}.podTemplatePatch",
                                                                                pool.pod_template_patch)):  # fmt: skip

@@ -221,6 +221,50 @@ def _config_file(path: str) -> list[str]:
     return flags
 
 
+OFFLOADING = "OffloadingConnector"  # vLLM's native CPU tier as a connector (what a P/D pool's MultiConnector chains)
+
+
+def split_connectors(config: dict[str, object]) -> tuple[dict[str, object] | None, int]:
+    """A --kv-transfer-config as the handoff connector it names and the CPU tier's bytes it sets.
+
+    A plain connector is the handoff itself, with no tier. vLLM's MultiConnector (what the operator renders for a
+    prefill or decode pool with kvOffload) chains the handoff connector and an OffloadingConnector
+    (`cpu_bytes_to_use`): the handoff comes back flattened (the outer kv_role and kv_load_failure_policy where it
+    sets none), the tier as its bytes; a chain holding only the tier has no handoff (None).
+    """
+    if config.get("kv_connector") != "MultiConnector":
+        return config, 0
+    extra = config.get("kv_connector_extra_config")
+    chain = extra.get("connectors") if isinstance(extra, dict) else None
+    if not isinstance(chain, list) or not chain or not all(isinstance(c, dict) for c in chain):
+        raise CommandLineError(
+            "--kv-transfer-config MultiConnector needs kv_connector_extra_config.connectors: a list of connector"
+            ' objects, e.g. [{"kv_connector":"NixlConnector","kv_role":"kv_producer"},'
+            ' {"kv_connector":"OffloadingConnector","kv_connector_extra_config":{"cpu_bytes_to_use":68719476736}}]'
+        )
+    handoff: dict[str, object] | None = None
+    tier = 0
+    for i, inner in enumerate(chain):
+        name = inner.get("kv_connector")
+        where = f"--kv-transfer-config MultiConnector connectors[{i}]"
+        if not isinstance(name, str):
+            raise CommandLineError(f'{where} needs a "kv_connector" string')
+        if name == OFFLOADING:
+            size = (inner.get("kv_connector_extra_config") or {}).get("cpu_bytes_to_use")
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                raise CommandLineError(f"{where} ({OFFLOADING}) needs kv_connector_extra_config.cpu_bytes_to_use, "
+                                       f"a positive byte count, got {size!r}")  # fmt: skip
+            tier += size
+        elif name == "LMCacheConnectorV1":
+            raise CommandLineError(f"{where}: the emulator models vLLM's native offloading only; use {OFFLOADING}")
+        elif handoff is not None:
+            raise CommandLineError(f"{where}: a second handoff connector ({name}); the emulator hands KV over by one")
+        else:
+            handoff = {key: value for key, value in config.items() if key in ("kv_role", "kv_load_failure_policy")}
+            handoff |= inner
+    return (_kv_checked(handoff) if handoff is not None else None), tier
+
+
 def _kv_config(text: str) -> dict[str, object]:
     try:
         config = json.loads(text)
@@ -229,6 +273,10 @@ def _kv_config(text: str) -> dict[str, object]:
                                f"pass e.g. {KV_EXAMPLE}") from None  # fmt: skip
     if not isinstance(config, dict):
         raise CommandLineError(f"--kv-transfer-config must be a JSON object, e.g. {KV_EXAMPLE}")
+    return _kv_checked(config)
+
+
+def _kv_checked(config: dict[str, object]) -> dict[str, object]:
     if not isinstance(config.get("kv_connector"), str):
         raise CommandLineError(f'--kv-transfer-config needs a "kv_connector" string, e.g. {KV_EXAMPLE}')
     if config.get("kv_role") is not None and config["kv_role"] not in KV_ROLES:
@@ -266,6 +314,14 @@ def parse_engine_command(
     side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or (host if host not in {"0.0.0.0", "::", ""} else "127.0.0.1")
     lease = env_value(env, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", number(float, 0, 86400, True), 30.0)
     side_port = env_value(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", number(int, 1, 65535), DEFAULT_SIDE_CHANNEL_PORT)
+    kv_config, chained_tier = (
+        split_connectors(_kv_config(ns.kv_transfer_config)) if ns.kv_transfer_config else (None, 0)
+    )
+    flag_tier = _offload_bytes(ns)
+    if chained_tier and flag_tier:
+        raise CommandLineError(
+            f"the CPU tier is given twice: --kv-offloading-size and an {OFFLOADING} in --kv-transfer-config; keep one"
+        )
     cfg = EmulatorConfig(
         model=model,
         served_model_names=list(ns.served_model_name or [model]),
@@ -275,7 +331,7 @@ def parse_engine_command(
         dp=ns.dp,
         dp_attention=bool((ns.dp_attn or ns.ep_flag) and ns.dp > 1),
         metrics=engine != "sglang" or ns.enable_metrics,
-        kv_transfer_config=_kv_config(ns.kv_transfer_config) if ns.kv_transfer_config else None,
+        kv_transfer_config=kv_config,
         kv_events=parse_kv_events(ns.kv_events_config, engine) if ns.kv_events_config else None,
         max_model_len=ns.max_model_len,
         max_num_batched_tokens=ns.mnbt,
@@ -295,7 +351,7 @@ def parse_engine_command(
         nvlink_domain=env.get("XPYD_NVLINK_DOMAIN") or env.get("XPYD_NODE_NAME") or None,
         side_channel_host=side_host,
         side_channel_port=side_port,
-        kv_offloading_bytes=_offload_bytes(ns),
+        kv_offloading_bytes=chained_tier or flag_tier,
         extra_args=extra,
     )
     mode = None if ns.disaggregation_mode == "null" else ns.disaggregation_mode

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from xpyd_api.models import DisaggregatedDeploymentSpec
 from xpyd_api.quantity import bytes_quantity, quantity_bytes
+from xpyd_emulator.cmdline import parse_engine_command
 from xpyd_operator import engines
 from xpyd_operator.render import Options, render_objects
 from xpyd_sim import spec as sim_spec
@@ -105,11 +106,34 @@ def test_sglang_hicache_is_at_least_one_gb_per_rank() -> None:
     assert _after(argv, "--hicache-size") == "1"
 
 
-def test_the_emulator_renders_no_tier() -> None:
-    argv = _argv(_body("emulator", None, {"cpuMemory": "64Gi"}), "prefill")
+@pytest.mark.parametrize("colocated", [False, True])
+def test_the_emulator_reads_the_tier_the_operator_renders(colocated: bool) -> None:
+    """What the operator renders for an emulated pool with kvOffload, parsed by the emulator itself: the CPU tier's
+    bytes, and (a P/D pool's MultiConnector) the handoff connector inside the chain."""
+    role = "worker" if colocated else "prefill"
+    argv = _argv(_body("emulator", None, {"cpuMemory": "64Gi"}, colocated=colocated), role)
     assert argv[:3] == ["xpyd", "emulate", "--"]
-    assert "--kv-offloading-size" not in argv
-    assert json.loads(_after(argv, "--kv-transfer-config") or "{}")["kv_connector"] == "NixlConnector"
+    cfg = parse_engine_command(argv[3:], {})
+    assert cfg.kv_offloading_bytes == 64 * GIB
+    if colocated:
+        assert _after(argv, "--kv-offloading-size") == "64"
+    else:
+        assert json.loads(_after(argv, "--kv-transfer-config") or "{}")["kv_connector"] == "MultiConnector"
+        assert cfg.kv_transfer_config is not None
+        assert cfg.kv_transfer_config["kv_connector"] == "NixlConnector"
+        assert cfg.kv_transfer_config["kv_role"] == "kv_producer"
+
+
+@pytest.mark.parametrize(
+    ("offload", "message"),
+    [
+        ({"cpuMemory": "64Gi", "backend": "lmcache"}, "the emulator models vLLM's native offloading only"),
+        ({"cpuMemory": "64Gi", "disk": "1Ti"}, "the emulator models a CPU tier only"),
+    ],
+)
+def test_the_emulator_refuses_a_tier_it_does_not_model(offload: dict[str, str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        DisaggregatedDeploymentSpec.model_validate(_body("emulator", None, offload))
 
 
 def _engine_resources(body: dict[str, Any], role: str) -> dict[str, Any]:
@@ -132,7 +156,7 @@ def _engine_resources(body: dict[str, Any], role: str) -> dict[str, Any]:
         ("vllm", VLLM["0.34.0"], {"memory": "200Gi"}, {}, "264Gi"),  # on top of spec.engine.resources
         ("sglang", SGLANG["0.5.23"], {}, {}, "64Gi"),
         ("vllm", VLLM["0.34.0"], {}, {"gpusPerReplica": 16}, "32Gi"),  # two pods share a replica's tier
-        ("emulator", None, {}, {}, None),  # nothing rendered, nothing reserved
+        ("emulator", None, {}, {}, "64Gi"),  # the emulator models the tier: reserved as for vLLM
     ],
 )
 def test_the_pod_memory_request_grows_by_its_share(

@@ -26,7 +26,7 @@ def checked(pool: PoolSpec, role: str, profile: EngineProfile) -> KvOffloadSpec 
     """The pool's kvOffload when this release renders one; EngineUnsupported names what would do (the spec's
     validation refuses the same first, xpyd_api.models)."""
     offload = pool.kv_offload
-    if offload is None or profile.kind == "emulator":
+    if offload is None:
         return None
     if (problem := kv_offload_problem(profile, f"spec.{role}.kvOffload", offload.backend, offload.disk)) is not None:
         raise EngineUnsupported(problem)
@@ -80,6 +80,6 @@ def sglang_flags(pool: PoolSpec, offload: KvOffloadSpec) -> list[str]:
 def pod_bytes(spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec, profile: EngineProfile) -> int:
     """Host memory one pod's engine takes for the tier (its share of the replica's); 0 where none is rendered."""
     offload = pool.kv_offload
-    if offload is None or profile.kind == "emulator" or profile.kv_offload == "none":
+    if offload is None or profile.kv_offload == "none":
         return 0
     return math.ceil(offload.cpu_bytes / pool.layout(spec.topology.hardware).pods)
