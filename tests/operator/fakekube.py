@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from xpyd_api import conditions as C
 from xpyd_api import labels as L
 from xpyd_api.models import DisaggregatedDeploymentSpec
 from xpyd_operator.desired import Observed
@@ -217,3 +219,54 @@ class FakeKube:
                 {"type": "Ready", "status": "False"},
                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"},
             ]
+
+
+def progressing(kube: FakeKube, field: str = "reason") -> str:
+    """The deployment's Progressing condition: its reason (or another field, e.g. message)."""
+    assert kube.dd is not None
+    return str(next(c[field] for c in kube.dd["status"]["conditions"] if c["type"] == C.PROGRESSING))
+
+
+def replicas(kube: FakeKube) -> dict[tuple[str, str, str], bool]:
+    """(role, replica, engine revision) -> ready: a LeaderWorkerSet group ready only when every one of its pods is,
+    a StatefulSet pod its own replica."""
+    out: dict[tuple[str, str, str], bool] = {}
+    for name, pod in kube.pods.items():
+        labels = pod["metadata"]["labels"]
+        replica = labels.get(L.LWS_GROUP_INDEX, name)
+        key = (labels[L.ROLE], replica, labels[L.ENGINE_REV])
+        out[key] = out.get(key, True) and pod["status"]["conditions"][0]["status"] == "True"
+    return out
+
+
+def pairable(kube: FakeKube) -> int:
+    """Ready replicas of the scarcer pool, summed over engine revisions: the pairs the router has now."""
+    by_rev: dict[str, dict[str, int]] = {}
+    for (role, _, rev), ready in replicas(kube).items():
+        roles = by_rev.setdefault(rev, {"prefill": 0, "decode": 0})
+        roles[role] += int(ready)
+    return sum(min(roles.values()) for roles in by_rev.values())
+
+
+async def walk_roll(
+    kube: FakeKube, reconcile: Callable[[FakeKube], Awaitable[object]],
+    look: Callable[[FakeKube], None] | None = None, limit: int = 20,
+) -> tuple[list[int], list[str]]:  # fmt: skip
+    """Reconcile an engine change through to Complete: at each step the controllers act (new and replaced pods not
+    ready yet), the pairs are counted (and `look` sees the state), then everything settles ready. Returns the
+    pairable replicas and the Progressing reasons, one per step."""
+    pairs: list[int] = []
+    reasons: list[str] = []
+    passes = 0
+    while progressing(kube) != "Complete" or passes == 0:
+        passes += 1
+        assert passes < limit, reasons
+        await reconcile(kube)
+        reasons.append(progressing(kube))
+        kube.settle(ready=False)
+        pairs.append(pairable(kube))
+        if look is not None:
+            look(kube)
+        kube.settle()
+        await reconcile(kube)
+    return pairs, reasons

@@ -10,10 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakekube import OWNER, FakeKube, b200_nodes  # type: ignore[import-not-found]
+from fakekube import (  # type: ignore[import-not-found]
+    OWNER,
+    FakeKube,
+    b200_nodes,
+    pairable,
+    progressing,
+    replicas,
+    walk_roll,
+)
 
-from xpyd_api import conditions as C
-from xpyd_api import labels as L
 from xpyd_operator import lockstep
 from xpyd_operator.autoscaling.spec import pool_runtime
 from xpyd_operator.reconcile import Reconciler
@@ -42,31 +48,6 @@ async def _pass(kube: FakeKube) -> list[str]:
     return list(kube.writes)
 
 
-def _progressing(kube: FakeKube, field: str = "reason") -> str:
-    assert kube.dd is not None
-    return str(next(c[field] for c in kube.dd["status"]["conditions"] if c["type"] == C.PROGRESSING))
-
-
-def _replicas(kube: FakeKube) -> dict[tuple[str, str, str], bool]:
-    """(role, replica, engine revision) -> ready, a group ready only when every one of its pods is."""
-    out: dict[tuple[str, str, str], bool] = {}
-    for name, pod in kube.pods.items():
-        labels = pod["metadata"]["labels"]
-        replica = labels.get(L.LWS_GROUP_INDEX, name)  # a group's pods, or one StatefulSet pod
-        key = (labels[L.ROLE], replica, labels[L.ENGINE_REV])
-        out[key] = out.get(key, True) and pod["status"]["conditions"][0]["status"] == "True"
-    return out
-
-
-def _pairable(kube: FakeKube) -> int:
-    """Ready replicas of the scarcer pool, summed over engine revisions: the pairs the router has now."""
-    by_rev: dict[str, dict[str, int]] = {}
-    for (role, _, rev), ready in _replicas(kube).items():
-        roles = by_rev.setdefault(rev, {"prefill": 0, "decode": 0})
-        roles[role] += int(ready)
-    return sum(min(roles.values()) for roles in by_rev.values())
-
-
 async def _started(spec: dict[str, Any]) -> FakeKube:
     kube = FakeKube(spec, b200_nodes(16))
     kube.lws_crd = True
@@ -74,7 +55,7 @@ async def _started(spec: dict[str, Any]) -> FakeKube:
     await _pass(kube)
     kube.settle()
     await _pass(kube)
-    assert _progressing(kube) == "Complete"
+    assert progressing(kube) == "Complete"
     return kube
 
 
@@ -114,20 +95,8 @@ async def test_an_engine_upgrade_steps_groups_together_and_keeps_pairs(
 ) -> None:
     kube = await _started(body(prefill_gpus, decode_gpus, surge))
     _change_engine(kube)
-    pairs: list[int] = []
-    reasons: list[str] = []
     sizes: list[tuple[int, int]] = []
-    passes = 0
-    while _progressing(kube) != "Complete" or passes == 0:
-        passes += 1
-        assert passes < 20, reasons
-        await _pass(kube)
-        reasons.append(_progressing(kube))
-        kube.settle(ready=False)  # the controllers act: new and replaced groups are not ready yet
-        pairs.append(_pairable(kube))
-        sizes.append(_own_sizes(kube))
-        kube.settle()
-        await _pass(kube)
+    pairs, reasons = await walk_roll(kube, _pass, lambda k: sizes.append(_own_sizes(k)))
     assert min(pairs) >= least_pairs, pairs  # a revision with a prefill and a decode replica at every step
     assert "EngineUpgradeInStep" in reasons and "EngineUpgradeDecodeFirst" not in reasons
     assert set(sizes) == {(2, 3)}  # the autoscaler reads each pool's own size, never the surge on top
@@ -139,7 +108,7 @@ async def test_an_engine_upgrade_steps_groups_together_and_keeps_pairs(
         if workload["kind"] == "LeaderWorkerSet":
             config = workload["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
             assert config == {"partition": 0, "maxSurge": 0, "maxUnavailable": 1}
-            assert sorted({rep for r, rep, _ in _replicas(kube) if r == role}) == [str(g) for g in range(n)]
+            assert sorted({rep for r, rep, _ in replicas(kube) if r == role}) == [str(g) for g in range(n)]
     assert await _pass(kube) == []  # at rest again
 
 
@@ -165,7 +134,7 @@ async def test_a_crash_looping_group_revision_is_rolled_back() -> None:
     kube.settle(ready=False)  # the surge groups start and crash
     kube.set_pod("llama-decode-3-1", restarts=lockstep.FAILED_RESTARTS)  # a worker of decode's surge group
     await _pass(kube)
-    assert _progressing(kube) == "EngineRevisionRolledBack"
+    assert progressing(kube) == "EngineRevisionRolledBack"
     decode = _workload(kube, "decode")
     assert decode["spec"]["leaderWorkerTemplate"] == old and decode["spec"]["replicas"] == 3
     kube.settle()
@@ -173,11 +142,11 @@ async def test_a_crash_looping_group_revision_is_rolled_back() -> None:
     assert {p["spec"]["containers"][0]["image"] for p in kube.pods.values()} == {
         old["leaderTemplate"]["spec"]["containers"][0]["image"]
     }
-    assert sorted({(r, rep) for r, rep, _ in _replicas(kube)}) == [
+    assert sorted({(r, rep) for r, rep, _ in replicas(kube)}) == [
         ("decode", "0"), ("decode", "1"), ("decode", "2"), ("prefill", "0"), ("prefill", "1"),
     ]  # fmt: skip
     assert await _pass(kube) in ([], ["status"])  # stays rolled back while the spec asks for the failed revision
-    assert _progressing(kube) == "EngineRevisionRolledBack"
+    assert progressing(kube) == "EngineRevisionRolledBack"
     _change_engine(kube)  # a fixed revision rolls again
     await _pass(kube)
     lwt = _workload(kube, "decode")["spec"]["leaderWorkerTemplate"]
@@ -192,15 +161,15 @@ async def test_a_surge_group_the_scheduler_cannot_place_is_dropped() -> None:
     kube.set_pod("llama-decode-3-1", unschedulable=True)  # no free GPUs for one rank of decode's surge group
     pairs: list[int] = []
     passes = 0
-    while _progressing(kube) != "Complete":
+    while progressing(kube) != "Complete":
         passes += 1
         assert passes < 20
         await _pass(kube)
         if passes == 1:
             assert _sizes(kube) == (2, 3)  # the surge groups are gone
-            assert "no free GPUs" in _progressing(kube, "message")
+            assert "no free GPUs" in progressing(kube, "message")
         kube.settle(ready=False)
-        pairs.append(_pairable(kube))
+        pairs.append(pairable(kube))
         kube.settle()
         await _pass(kube)
     assert min(pairs) >= 1, pairs  # in place: one group per pool at a time, a pair kept on the way

@@ -6,10 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes  # type: ignore[import-not-found]
+from fakekube import OWNER, FakeKube, b200_nodes, nvl72_nodes, progressing, walk_roll  # type: ignore[import-not-found]
 
 from xpyd_api import conditions as C
-from xpyd_api import labels as L
 from xpyd_operator.handlers import wants_reconcile
 from xpyd_operator.reconcile import Config, Reconciler
 from xpyd_operator.workqueue import WorkQueue, backoff
@@ -79,22 +78,6 @@ def _engine_image(kube: FakeKube, role: str) -> str:
     return str(kube.objects[("StatefulSet", f"llama-{role}")]["spec"]["template"]["spec"]["containers"][0]["image"])
 
 
-def _progressing(kube: FakeKube) -> str:
-    assert kube.dd is not None
-    return str(next(c["reason"] for c in kube.dd["status"]["conditions"] if c["type"] == C.PROGRESSING))
-
-
-def _pairable(kube: FakeKube) -> int:
-    """Ready pods of the scarcer pool, summed over engine revisions: the pairs the router has now."""
-    by_rev: dict[str, dict[str, int]] = {}
-    for pod in kube.pods.values():
-        labels = pod["metadata"]["labels"]
-        if pod["status"]["conditions"][0]["status"] == "True":
-            roles = by_rev.setdefault(labels[L.ENGINE_REV], {"prefill": 0, "decode": 0})
-            roles[labels[L.ROLE]] += 1
-    return sum(min(roles.values()) for roles in by_rev.values())
-
-
 @pytest.mark.parametrize(("surge", "least_pairs"), [(1, 2), (0, 1)])
 async def test_an_engine_upgrade_steps_both_pools_together_and_keeps_pairs(surge: int, least_pairs: int) -> None:
     spec = {**SPEC, "prefill": {"replicas": 2, "gpusPerReplica": 2}, "decode": {"replicas": 3, "gpusPerReplica": 2}}
@@ -103,22 +86,11 @@ async def test_an_engine_upgrade_steps_both_pools_together_and_keeps_pairs(surge
     await _pass(kube)
     kube.settle()
     await _pass(kube)
-    assert _progressing(kube) == "Complete"
+    assert progressing(kube) == "Complete"
     assert kube.dd is not None
     kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}
     kube.dd["metadata"]["generation"] = 2
-    pairs: list[int] = []
-    reasons: list[str] = []
-    passes = 0
-    while _progressing(kube) != "Complete" or passes == 0:
-        passes += 1
-        assert passes < 20, reasons
-        await _pass(kube)
-        reasons.append(_progressing(kube))
-        kube.settle(ready=False)  # the controllers act: new and replaced pods are not ready yet
-        pairs.append(_pairable(kube))
-        kube.settle()
-        await _pass(kube)
+    pairs, reasons = await walk_roll(kube, _pass)
     assert min(pairs) >= least_pairs, pairs  # a revision with a prefill and a decode pod at every step
     assert "EngineUpgradeInStep" in reasons
     images = {p["spec"]["containers"][0]["image"] for p in kube.pods.values()}
@@ -145,14 +117,14 @@ async def test_a_crash_looping_engine_revision_is_rolled_back() -> None:
     kube.settle(ready=False)  # the surge pods start and crash
     kube.set_pod("llama-decode-2", restarts=3)
     await _pass(kube)
-    assert _progressing(kube) == "EngineRevisionRolledBack"
+    assert progressing(kube) == "EngineRevisionRolledBack"
     kube.settle()
     await _pass(kube)
     assert {p["spec"]["containers"][0]["image"] for p in kube.pods.values()} == {old}
     assert _engine_image(kube, "decode") == _engine_image(kube, "prefill") == old
     assert sorted(kube.pods) == ["llama-decode-0", "llama-decode-1", "llama-prefill-0"]
     assert await _pass(kube) in ([], ["status"])  # stays rolled back while the spec asks for the failed revision
-    assert _progressing(kube) == "EngineRevisionRolledBack"
+    assert progressing(kube) == "EngineRevisionRolledBack"
     kube.dd["spec"]["engine"] = {"image": "vllm/vllm-openai:v0.33.1"}  # a fixed revision rolls again
     await _pass(kube)
     assert _engine_image(kube, "decode") == "vllm/vllm-openai:v0.33.1"
