@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from testkit.promtext import metric_sum
 
 from xpyd_api import metric_names as names
 from xpyd_api.engines import VLLM_METRICS
@@ -74,16 +74,6 @@ def manifest(ns: str, hf_home: Path, tokenizer: Path) -> dict[str, Any]:
             "autoscaling": {"enabled": True, "prometheusUrl": PROMETHEUS, "intervalSeconds": 5},
         },
     }  # fmt: skip
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """The sum of every sample of `name` on a Prometheus text page whose labels include `labels`."""
-    total = 0.0
-    for m in re.finditer(r"^" + re.escape(name) + r"(\{(?P<l>[^}]*)\})?\s+(?P<v>\S+)", text, re.M):
-        got = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group("l") or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group("v"))
-    return total
 
 
 def scrape(url: str) -> str:

@@ -9,9 +9,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
+
+# testkit/ (shared with e2e and bench) and bench/ (the fault cases tests/reliability runs) are imported from the
+# repository root, which pytest does not put on sys.path for tests/ (a folder of test folders, not a package).
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 def free_port() -> int:

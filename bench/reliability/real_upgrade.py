@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from the rep
 
 from testkit.kube_operator import DD, Kube, OperatorProcess, wait_for  # noqa: E402
 from testkit.outcomes import CLEAN, HUNG, LOST, OK, Load, Tally, one  # noqa: E402
+from testkit.promtext import metric_sum  # noqa: E402
 
 from xpyd_api import labels as L  # noqa: E402
 from xpyd_api import metric_names as names  # noqa: E402
@@ -118,10 +118,6 @@ def router_url(kube: Kube, ns: str) -> str | None:
 
 def images(kube: Kube, ns: str, role: str) -> dict[str, int]:
     return dict(((kube.get_dd(ns, NAME).get("status") or {}).get(role) or {}).get("images") or {})
-
-
-def metric_sum(text: str, name: str) -> float:
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
 @dataclass

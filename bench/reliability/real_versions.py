@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from the repository root
 
 from bench.router.procs import BIN, Procs, free_port  # noqa: E402
+from testkit.promtext import metric_sum  # noqa: E402
 
 from xpyd_cluster import realvllm  # noqa: E402
 
@@ -112,8 +113,7 @@ def wait_healthy(all_engines: Sequence[Engine], deadline: float) -> None:
 
 
 def nixl_reads(client: httpx.Client, decode: Engine) -> float:
-    page = client.get(decode.url + "/metrics").text
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{realvllm.NIXL_XFER_COUNT}{{[^}}]*}} (\S+)$", page, re.M))
+    return metric_sum(client.get(decode.url + "/metrics").text, realvllm.NIXL_XFER_COUNT)
 
 
 @dataclass(frozen=True)

