@@ -50,6 +50,7 @@ PROMPT = ("The router sends each request to the worker that already holds the lo
 START_S = 600.0  # three CPU engines starting side by side on two cores (about 3 minutes here)
 NIXL_READS = realvllm.NIXL_XFER_COUNT
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
+LOAD_CLIENTS = 3  # closed-loop clients of the scale-down under load: at most this many requests in flight
 TIMEOUT = httpx.Timeout(180.0, connect=30.0)  # generous: two cores, three engines
 
 
@@ -325,14 +326,21 @@ def test_scaling_prefill_down_under_load_loses_nothing(deployed: Deployed) -> No
     handed_off = grew(names.ROUTER_KV_HANDOFFS)
     # A request whose prefill worker was out for a moment (a CPU engine answering its scrapes late) goes
     # straight to decode, which computes the prompt itself: answered, with no handoff. Every other one is
-    # handed off, and each handoff is a NIXL read on the decode engine.
+    # handed off, and each handoff is a NIXL read on the decode engine, but for one whose KV went with the
+    # removed pod before decode read it: decode refuses it, the router retries it on another pair or on
+    # decode alone, and the client gets its whole answer all the same (counted above).
     direct = grew(names.ROUTER_DECISIONS, role="decode") - grew(names.ROUTER_DECISIONS, role="prefill")
     assert handed_off + direct >= counts["sent"], f"{handed_off} handoffs and {direct} straight to decode for {counts}"
     assert handed_off >= counts["sent"] / 2, f"{handed_off} handoffs for {counts}"
+    failed = grew(names.ROUTER_HANDOFF_FAILURES)
+    assert grew(names.ROUTER_HANDOFF_RETRIES) == failed, f"{failed} failed handoffs, not each retried"
+    assert failed <= LOAD_CLIENTS, f"{failed} handoffs failed: more than the requests in flight when the pod went"
     after = scrape(decode)
     reads = metric_sum(after, NIXL_READS) - metric_sum(decode_page, NIXL_READS)
-    assert reads >= handed_off, f"{reads} NIXL reads for {handed_off} handoffs"
-    assert metric_sum(after, NIXL_FAILED) == metric_sum(decode_page, NIXL_FAILED), "NIXL transfers failed"
+    assert reads >= handed_off - failed, f"{reads} NIXL reads for {handed_off} handoffs, {failed} of them failed"
+    nixl_failed = metric_sum(after, NIXL_FAILED) - metric_sum(decode_page, NIXL_FAILED)
+    assert nixl_failed <= failed, f"{nixl_failed} NIXL transfers failed, {failed} handoffs seen failing"
+    print(f"handoffs {handed_off:.0f}, direct {direct:.0f}, failed and retried {failed:.0f}, NIXL failed {nixl_failed}")
 
 
 def served(url: str) -> float:
@@ -340,7 +348,7 @@ def served(url: str) -> float:
     return metric_sum(scrape(url), "vllm:request_success_total")
 
 
-async def scale_down_under_load(stack: Deployed, clients: int = 3, limit: int = 80) -> dict[str, Any]:
+async def scale_down_under_load(stack: Deployed, clients: int = LOAD_CLIENTS, limit: int = 80) -> dict[str, Any]:
     """Closed-loop clients through the router; prefill patched 2 -> 1 once the pod to go (the StatefulSet's last)
     has finished some of this load's prompts; the load runs on until each client has sent a request after that
     pod is gone."""

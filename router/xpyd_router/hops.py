@@ -32,13 +32,14 @@ def _host(base_url: str) -> bytes:
 class Exchange:
     """One client request in flight: the stream to the client once its first event is ready."""
 
-    __slots__ = ("failed_pair", "first_at", "out", "request")
+    __slots__ = ("failed_pair", "failed_pairs", "first_at", "out", "request")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.out: Stream | None = None
         self.first_at = 0.0  # perf_counter() at the relayed stream's first event
         self.failed_pair: tuple[str, str] | None = None  # the pair whose handoff failed this request's last try
+        self.failed_pairs: frozenset[tuple[str, str]] = frozenset()  # every pair that failed it: not tried again
 
     def open_stream(self) -> Stream:
         out = self.out = self.request.stream(SSE_HEADERS)
@@ -72,6 +73,13 @@ class Hops:
         self.handoff = handoff  # how KV moves from prefill to decode (xpyd_router.handoff)
         self.pairs = pairs  # prefill/decode pair health (xpyd_router.pairs); None: every pair always pairs
 
+    def pair_failed(self, ex: Exchange, failed: HopFailed) -> bool:
+        """Whether `failed` is a handoff's decode leg answering an error, which the pair's health counts (the
+        KV it was to read may be gone with its prefill worker): the decode worker stays a candidate for this
+        request's retry, on another pair or on its own, and its breaker counts nothing."""
+        pair = ex.failed_pair
+        return self.pairs is not None and pair is not None and pair[1] == failed.worker and not failed.worker_down
+
     def blame(self, worker: str, worker_down: bool, detail: str) -> None:
         """A worker-level failure takes the worker out now; a failed request only counts towards its breaker."""
         if worker_down:
@@ -85,12 +93,17 @@ class Hops:
             log.warning("worker %s failed %d requests in a row: out of rotation", worker, self.pool.breaker_failures)
             self.metrics.error("breaker_open")
 
-    async def run(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool) -> Answer:
+    def settle(self, ex: Exchange, plan: Plan) -> Plan:
+        """The policy's plan as it will run: a pair cooling off, or one that failed this request already,
+        gives way to another decode worker or to decode alone (xpyd_router.pairs)."""
         if ex.failed_pair is not None:  # a retry after a failed handoff
             self.metrics.handoff_retried(*ex.failed_pair)
+            ex.failed_pairs |= {ex.failed_pair}
             ex.failed_pair = None
-        if self.pairs is not None:
-            plan = self.pairs.plan(plan)  # a pair cooling off: another decode worker, or direct
+        return plan if self.pairs is None else self.pairs.plan(plan, ex.failed_pairs)
+
+    async def run(self, ex: Exchange, path: str, body: JsonObj, req: RouteRequest, plan: Plan, stream: bool) -> Answer:
+        """Runs a settled plan (`settle`): one hop, or two with the KV handed over between them."""
         if plan.prefill is None:
             work = first_hop_blocks(plan, req)  # counted on the worker until its first token
             return await self._decode(ex, plan.decode.worker, path, orjson.dumps(body), stream, "direct", work)

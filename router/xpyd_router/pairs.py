@@ -132,23 +132,36 @@ def _kv_path(prefill: WorkerState, decode: WorkerState) -> KvPath:
     return "nvlink" if prefill.domain and prefill.domain == decode.domain else "rdma"
 
 
-def reroute(plan: Plan, health: PairHealth, workers: dict[str, WorkerState], ready: list[WorkerState]) -> Plan:
+def reroute(
+    plan: Plan,
+    health: PairHealth,
+    workers: dict[str, WorkerState],
+    ready: list[WorkerState],
+    failed: frozenset[Pair] = frozenset(),
+) -> Plan:
     """The plan to run: `plan` when its pair is in pairing; else the same prefill with another of the
-    `ready` decode workers (same engine revision, pair not cooling off, least loaded, then by name); else
-    one hop on the planned decode worker."""
+    `ready` decode workers (same engine revision, pair not cooling off and not among the pairs that
+    `failed` this request already, least loaded, then by name); else one hop on the planned decode
+    worker. The reason says which: `pair_cooling[_direct]`, or `pair_retry[_direct]` for a retry
+    after this request's own handoff failed on a pair still in pairing."""
     first = plan.prefill
-    if first is None or not health.cooling(first.worker, plan.decode.worker):
+
+    def out(prefill: str, decode: str) -> bool:
+        return (prefill, decode) in failed or health.cooling(prefill, decode)
+
+    if first is None or not out(first.worker, plan.decode.worker):
         return plan
+    why = "pair_cooling" if health.cooling(first.worker, plan.decode.worker) else "pair_retry"
     prefill = workers.get(first.worker)
     if prefill is not None:
         others = [
             w for w in ready
-            if w.name != plan.decode.worker and _same_engine(prefill, w) and not health.cooling(first.worker, w.name)
+            if w.name != plan.decode.worker and _same_engine(prefill, w) and not out(first.worker, w.name)
         ]  # fmt: skip
         if others:
             best = min(others, key=lambda w: (w.load, w.name))
-            return replace(plan, decode=Decision(best.name, "pair_cooling"), kv_path=_kv_path(prefill, best))
-    return Plan(decode=replace(plan.decode, reason="pair_cooling_direct"))
+            return replace(plan, decode=Decision(best.name, why), kv_path=_kv_path(prefill, best))
+    return Plan(decode=replace(plan.decode, reason=f"{why}_direct"))
 
 
 _TOKENS = re.compile(rb"\s*(\d+)")
@@ -171,14 +184,11 @@ class Pairs:
         self.health = PairHealth(limits or PairLimits(), clock, self._changed)
         metrics.pairs_cooling.labels(metrics.deployment).set_function(self.cooling_now)
 
-    def plan(self, plan: Plan) -> Plan:
-        """The plan to run (`reroute`); a changed one counts as a decode decision of its reason."""
+    def plan(self, plan: Plan, failed: frozenset[Pair] = frozenset()) -> Plan:
+        """The plan to run (`reroute`, around the pairs whose handoff `failed` this request already)."""
         if plan.prefill is None:
             return plan
-        chosen = reroute(plan, self.health, self.pool.workers, self.pool.ready("decode"))
-        if chosen is not plan:
-            self.metrics.decision("decode", chosen.decode.reason)
-        return chosen
+        return reroute(plan, self.health, self.pool.workers, self.pool.ready("decode"), failed)
 
     def ok(self, prefill: str, decode: str, seconds: float | None) -> None:
         """A handoff that worked, with its latency where the router saw one."""

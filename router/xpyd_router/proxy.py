@@ -181,11 +181,15 @@ class Proxy:
                     self.metrics.error("no_worker")
                     reply = error_reply(503, str(refused), "service_unavailable")
                     return replace(reply, headers=(("Retry-After", str(refused.retry_after)),))
+            plan = self.hops.settle(ex, plan)
             self._count(plan, req, retry=attempt > 0)
             try:
                 return await self.hops.run(ex, path, body, req, plan, stream)
             except HopFailed as exc:
                 last_error = str(exc)
+                if self.hops.pair_failed(ex, exc):
+                    log.warning("KV handoff failed: %s; retried on another pair or decode-only", exc.detail)
+                    continue
                 tried.add(exc.worker)
                 self.hops.blame(exc.worker, exc.worker_down, exc.detail)
         return error_reply(502, f"every attempt failed; last: {last_error}", "upstream_error")

@@ -65,6 +65,9 @@ class Stub:
         if mode == "hang":
             await self.release.wait()
         kv = body.get("kv_transfer_params")
+        if mode == "kvfail" and isinstance(kv, dict) and kv.get("do_remote_prefill"):  # the KV to read is gone
+            error = {"message": "KV load failed", "type": "InternalServerError"}
+            return web.json_response({"error": error}, status=500)
         if isinstance(kv, dict) and kv.get("do_remote_decode"):  # a prefill hop
             params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": SECRET_ENGINE,
                       "remote_block_ids": [1, 2], "remote_host": SIDE_CHANNEL, "remote_port": 5600}  # fmt: skip

@@ -125,6 +125,18 @@ def test_reroute_picks_another_healthy_decode_of_the_same_revision_else_direct()
     assert direct.prefill is None and direct.decode.worker == D and direct.decode.reason == "pair_cooling_direct"
 
 
+def test_reroute_avoids_the_pairs_that_failed_this_request_while_still_in_pairing() -> None:
+    h, _, _ = health(failures=3)
+    plan = Plan(decode=Decision(D, "load"), prefill=Decision(P, "prefix", 3), kv_path="rdma")
+    workers = {w.name: w for w in (_worker(P, "prefill"), _worker(D), _worker(D2, inflight=2))}
+    ready = [workers[D], workers[D2]]
+    assert reroute(plan, h, workers, ready, frozenset({(P, D2)})) is plan  # another pair failed: this one runs
+    moved = reroute(plan, h, workers, ready, frozenset({(P, D)}))
+    assert (moved.decode.worker, moved.decode.reason) == (D2, "pair_retry")
+    direct = reroute(plan, h, workers, ready, frozenset({(P, D), (P, D2)}))
+    assert direct.prefill is None and (direct.decode.worker, direct.decode.reason) == (D, "pair_retry_direct")
+
+
 @pytest.mark.parametrize(
     ("body", "tokens"),
     [
@@ -187,6 +199,36 @@ async def test_a_failing_pair_cools_off_and_requests_go_direct(stubs: Any, route
     assert prefill.calls == calls  # no prefill hop: decode-only prefill
     assert "kv_transfer_params" not in decode.bodies[-1]
     assert r.sample("xpyd_router_decisions_total", role="decode", reason="pair_cooling_direct") == 1
+
+
+async def test_a_handoff_whose_kv_is_gone_is_retried_decode_only_on_the_same_worker(stubs: Any, router: Any) -> None:
+    """One prefill, one decode whose handoff leg fails (its prefill worker went with the KV, as in a scale-down):
+    the retry runs on the decode worker alone, which computes the prompt; the decode worker's breaker counts
+    nothing, so it stays in rotation however many handoffs fail, and the pair cools off."""
+    prefill, decode = await stubs("prefill"), await stubs("decode", "kvfail")
+    r = await router([prefill, decode], scrape_interval=60, **FAST)
+    for i in range(2 * r.pool.breaker_failures):
+        status, raw = await call(r.url, {"prompt": f"p{i}", "max_tokens": 4, "stream": i % 2 == 0})
+        assert status == 200, raw
+    assert "kv_transfer_params" not in decode.bodies[-1]
+    assert all(w.healthy for w in r.pool.workers.values())
+    pair = {"prefill": prefill.url, "decode": decode.url}
+    assert r.sample("xpyd_router_handoff_failures_total", stage="error", **pair) == 3  # then the pair trips
+    # the first two retries avoid the pair for their own request; the third failure trips it, so its retry
+    # and every request after it find the pair cooling off
+    assert r.sample("xpyd_router_decisions_total", role="decode", reason="pair_retry_direct") == 2
+    cooled = r.sample("xpyd_router_decisions_total", role="decode", reason="pair_cooling_direct")
+    assert cooled == 2 * r.pool.breaker_failures - 3 + 1
+    assert r.sample("xpyd_router_errors_total", kind="worker_error") == 0
+
+
+async def test_a_decode_worker_failing_direct_too_is_blamed_and_the_request_ends_502(stubs: Any, router: Any) -> None:
+    prefill, decode = await stubs("prefill"), await stubs("decode", "error500")
+    r = await router([prefill, decode], scrape_interval=60, **FAST)
+    status, raw = await call(r.url, {"prompt": "p", "max_tokens": 4})
+    assert status == 502, raw
+    assert [("kv_transfer_params" in b) for b in decode.bodies] == [True, False]  # handed off, then decode-only
+    assert r.sample("xpyd_router_errors_total", kind="worker_error") == 1  # the direct failure, not the handoff's
 
 
 async def test_a_cooling_pair_moves_to_another_decode_worker_and_retries_are_counted(stubs: Any, router: Any) -> None:
