@@ -12,13 +12,22 @@ from xpyd_operator import engine_ranks, engines
 from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.engine_ranks import Rank
 
-# The preStop drain: wait while the engine reports running requests (its own metric name, from the profile).
+# The preStop drain: wait while the engine reports work (its own metric names, from the profile): running
+# requests and, on a prefill pod, KV blocks in use, which covers those held until a decode worker has read
+# them (a prefill engine that exits first fails that read). Any sample above zero keeps it waiting.
 _DRAIN = (
     "sleep 5; i=0; while [ $i -lt {limit} ]; do "
     "n=$( (curl -s localhost:{port}/metrics || wget -qO- localhost:{port}/metrics) 2>/dev/null"
-    " | grep -E '^{running}' | awk '{{s+=$2}} END {{print int(s)}}'); "
+    " | grep -E '^({busy})[ {{]' | awk '$2 > 0 {{s=1}} END {{print s+0}}'); "
     '[ "${{n:-0}}" -eq 0 ] && exit 0; i=$((i+1)); sleep 1; done'
 )
+
+
+def drain_hook(spec: DisaggregatedDeploymentSpec, role: str) -> str:
+    """The preStop command: what it waits on is the engine's running count, plus KV in use for prefill."""
+    metrics = engines.profile_of(spec).metrics
+    busy = [metrics.running, *(metrics.kv_usage if role == "prefill" else ())]
+    return _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT, busy="|".join(busy))
 
 
 # Every engine publishes its KV-cache events (ZMQ) on its pod IP; the router subscribes to the pod's
@@ -122,8 +131,7 @@ def container(b: PoolBuild, rank: Rank | None = None) -> dict[str, Any]:
     ports.append({"name": L.KV_EVENTS_PORT_NAME, "containerPort": L.KV_EVENTS_PORT, "protocol": "TCP"})
     ports.append({"name": L.KV_REPLAY_PORT_NAME, "containerPort": L.KV_REPLAY_PORT, "protocol": "TCP"})
     health = {"httpGet": {"path": "/health", "port": "http"}}
-    running = engines.profile_of(spec).metrics.running
-    drain = _DRAIN.format(limit=max(1, spec.engine.drain_seconds - 5), port=L.ENGINE_PORT, running=running)
+    drain = drain_hook(spec, role)
     return {
         "name": "engine",
         "image": image_for(spec, b.image),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from fakekube import OWNER, b200_nodes, spec  # type: ignore[import-not-found]
 
@@ -91,12 +94,43 @@ def test_an_unservable_engine_is_a_condition_and_applies_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "running"), [("vllm", "vllm:num_requests_running"), ("sglang", "sglang:num_running_reqs")]
+    ("kind", "role", "busy"),
+    [
+        ("vllm", "decode", "vllm:num_requests_running"),
+        ("vllm", "prefill", "vllm:num_requests_running|vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc"),
+        ("sglang", "decode", "sglang:num_running_reqs"),
+        ("sglang", "prefill", "sglang:num_running_reqs|sglang:token_usage"),
+    ],
 )
-def test_the_drain_hook_counts_the_engines_own_running_metric(kind: str, running: str) -> None:
+def test_the_drain_hook_waits_on_the_engines_own_metrics(kind: str, role: str, busy: str) -> None:
+    """Running requests; on prefill also KV in use (blocks held until decode has read them)."""
     s = spec(engine={"kind": kind})
-    hook = engine.container(PoolBuild(OWNER, s, "decode", IMG))["lifecycle"]["preStop"]["exec"]["command"]
-    assert f"grep -E '^{running}'" in hook[2]
+    hook = engine.container(PoolBuild(OWNER, s, role, IMG))["lifecycle"]["preStop"]["exec"]["command"]
+    assert f"grep -E '^({busy})[ {{]'" in hook[2]
+
+
+@pytest.mark.parametrize(
+    ("page", "waits"),
+    [
+        ('vllm:num_requests_running{e="0"} 0.0\nvllm:kv_cache_usage_perc{e="0"} 0.0\n', False),
+        ('vllm:num_requests_running{e="0"} 0.0\nvllm:kv_cache_usage_perc{e="0"} 0.0012\n', True),
+        ('vllm:num_requests_running{e="0"} 2.0\nvllm:kv_cache_usage_perc{e="0"} 0.0\n', True),
+        ("vllm:num_requests_running_total 7\nvllm:kv_cache_usage_perc 0\n", False),  # another metric's prefix
+        ("", False),  # the engine is gone: nothing to wait for
+    ],
+)
+def test_the_drain_hook_runs_in_a_shell_against_a_metrics_page(tmp_path: Path, page: str, waits: bool) -> None:
+    """The hook as /bin/sh runs it, `curl` answering with `page`: it waits (here: runs out its 1 s) or exits."""
+    (tmp_path / "metrics").write_text(page)
+    (tmp_path / "curl").write_text(f"#!/bin/sh\ncat {tmp_path / 'metrics'}\n")
+    (tmp_path / "curl").chmod(0o755)
+    (tmp_path / "sleep").write_text("#!/bin/sh\n")  # no waiting in a unit test
+    (tmp_path / "sleep").chmod(0o755)
+    hook = engine.drain_hook(spec(engine={"drainSeconds": 6}), "prefill")
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    loops = subprocess.run(["/bin/sh", "-xc", hook], env=env, capture_output=True, text=True, timeout=10)
+    assert loops.returncode == 0, loops.stderr
+    assert ("i=1" in loops.stderr) is waits, loops.stderr
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -209,3 +210,24 @@ def test_router_index_gets_kv_events(real_stack: Any) -> None:
 
 def router_kv_lines(stack: Any) -> str:
     return "\n".join(line for line in scrape(stack.router).splitlines() if "kv_event" in line or "handoff" in line)
+
+
+def test_a_handoff_whose_kv_cannot_be_read_is_refused_with_a_500(real_stack: Any) -> None:
+    """The engine's answer the router's retry is built on (xpyd_router.hops.Hops.pair_failed): told to read a
+    prompt's KV from a prefill engine that is gone (here: a side channel nobody listens on, as when a prefill
+    pod left before decode read it), vLLM's decode answers HTTP 500 (kv_load_failure_policy "fail", its
+    default); the same request without the KV params, as the router retries it, is answered."""
+    body = {"model": real_stack.model, "prompt": f"{LONG_PROMPT} gone {time.time_ns()}", "max_tokens": 2}
+    hop = {**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    r = httpx.post(real_stack.prefill + "/v1/completions", json=hop, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text[:500]
+    params = r.json()["kv_transfer_params"]
+    with socket.socket() as s:  # a port with no listener on the prefill engine's address
+        s.bind((params["remote_host"], 0))
+        closed = int(s.getsockname()[1])
+    gone = {**params, "remote_engine_id": f"gone-{time.time_ns()}", "remote_port": closed}
+    refused = httpx.post(real_stack.decode + "/v1/completions", json={**body, "kv_transfer_params": gone},
+                         timeout=TIMEOUT)  # fmt: skip
+    assert refused.status_code == 500, refused.text[:500]
+    direct = httpx.post(real_stack.decode + "/v1/completions", json=body, timeout=TIMEOUT)
+    assert direct.status_code == 200 and direct.json()["usage"]["completion_tokens"] >= 1, direct.text[:500]
