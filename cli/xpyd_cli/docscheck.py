@@ -1,5 +1,6 @@
 """Checks that what the docs cite exists: repository paths, `make` targets, `xpyd` flags, condition reasons,
-and the numbers the READMEs quote from bench/results/.
+and the numbers quoted from bench/results/: those of the READMEs' claim tables, and every measured number
+of a paragraph, list item or table row that cites a bench/results file.
 
 Each checker takes a document's text and returns its problems (empty when it is right), so a test can run
 it on the committed docs and on a copy with a planted mistake. `tests/repo/test_docs_cite.py` runs them.
@@ -167,7 +168,7 @@ def unknown_reasons(text: str, reasons: Mapping[str, Iterable[str]]) -> list[str
 
 # --- numbers quoted from bench/results ---------------------------------------------------------------
 
-_UNIT: Final = r"%|ms\b|us\b|µs\b|s\b|x\b|MB\b|MiB\b|GB\b|GiB\b|pt\b|min\b|CPU-s\b|CPU-seconds\b"
+_UNIT: Final = r"%|ms\b|us\b|µs\b|s\b|x\b|MB\b|MiB\b|GB\b|GiB\b|pt\b|min\b|CPU-us\b|CPU-µs\b|CPU-s\b|CPU-seconds\b"
 _NUMBER: Final = re.compile(
     rf"(?<![\w.\-/+])(\d[\d,]*(?:\.\d+)?)(?!\d|\.\d)(?:\s*-\s*(\d[\d,]*(?:\.\d+)?)(?!\d|\.\d))?(?:\s*({_UNIT}))?"
 )
@@ -183,6 +184,8 @@ def quoted_numbers(cell: str) -> list[tuple[str, str]]:
     for m in _NUMBER.finditer(cell):
         if not m[3] and re.match(r"[A-Za-z]", cell[m.end() : m.end() + 1]):
             continue  # a name or a setting (`32k`, `2P4D`), not a measurement
+        if re.search(r"\bdefault:? $", cell[: m.start()]):
+            continue  # a setting's default (`--join-timeout`, default 300 s): docs/reference checks those
         values = [v.rstrip(",") for v in (m[1], m[2]) if v]
         if m[3] or m[2] or any("." in v for v in values) or any(v in listed for v in values):
             out += [(v, m[3] or "") for v in values]
@@ -263,6 +266,64 @@ def unquoted_numbers(rows: Sequence[Sequence[str]], column: int, results: Mappin
         for value, unit in quoted_numbers(row[column]):
             if not found_in(value, own, unit):
                 out.append(f"{row[0][:60]}: {value}{unit}")
+    return out
+
+
+_CITE: Final = re.compile(r"(?<![\w-])results/([\w.-]+)")
+_ITEM: Final = re.compile(r"\s*(?:[-*+]|\d+\.)\s")
+
+
+def blocks(text: str) -> list[str]:
+    """A Markdown text's paragraphs, list items and table rows; headings, table rules and fenced code left
+    out."""
+    out: list[str] = []
+    lines: list[str] = []
+    fenced = False
+    for line in [*text.splitlines(), ""]:
+        if fenced or line.lstrip().startswith("```") or line.startswith(("|", "#")) or not line.strip():
+            out += ["\n".join(lines)] if lines else []
+            lines = []
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif line.startswith("|") and not fenced and not set(line) <= set("|-: "):
+                out.append(line)
+            continue
+        if _ITEM.match(line) and lines:
+            out.append("\n".join(lines))
+            lines = []
+        lines.append(line)
+    return out
+
+
+def cited_results(block: str, names: Iterable[str] = ()) -> list[str]:
+    """The bench/results files a block cites: paths and links into bench/results and, once it cites one,
+    the bare names of other results files (`bench/results/deepseek.md and deepseek-sim.md`) among `names`
+    and the files in bench/results."""
+    cited = set(_CITE.findall(block))
+    if not cited:
+        return []
+    known = set(names) | {p.name for p in RESULTS.iterdir()}
+    cited |= {n for n in re.findall(r"(?<![\w/.-])([\w-]+\.(?:md|json|png))\b", block) if n in known}
+    return sorted(cited)
+
+
+def unquoted_cited_numbers(text: str, results: Mapping[str, str]) -> list[str]:
+    """`block: number` for each measured number (quoted_numbers) of a paragraph, list item or table row
+    (blocks) that cites bench/results files (cited_results) and that those files, and the results files of
+    the benchmark scripts it names (each says which command wrote it), do not hold. A block citing only
+    images is looked up in every results file."""
+    out: list[str] = []
+    for block in blocks(text):
+        cited = cited_results(block, results)
+        if not cited:
+            continue
+        scripts = set(re.findall(r"bench/[\w/-]+\.py", block))
+        cited += [n for n, t in results.items() if n not in cited and any(s in t for s in scripts)]
+        own = [results[n] for n in cited if n in results] or list(results.values())
+        start = " ".join(re.sub(r"[*`|#]", " ", block).split())[:50]
+        for value, unit in quoted_numbers(block):
+            if not found_in(value, own, unit):
+                out.append(f"{start}: {value}{unit}")
     return out
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from xpyd_api import labels as L
 from xpyd_api.crdgen import render
-from xpyd_api.models import DisaggregatedDeployment, DisaggregatedDeploymentSpec
+from xpyd_api.models import AutoscalingSpec, DisaggregatedDeployment, DisaggregatedDeploymentSpec
 from xpyd_operator import pools
 from xpyd_operator.build_context import PoolBuild
 from xpyd_operator.meta import Owner
@@ -96,12 +96,48 @@ def test_prerequisites_name_every_component(words: str) -> None:
     assert words in table
 
 
+def _prometheus_urls(node: Any) -> list[str]:
+    """Every `prometheusUrl` under an `autoscaling` mapping of a manifest (the spec's and the pools')."""
+    if isinstance(node, list):
+        return [u for item in node for u in _prometheus_urls(item)]
+    if not isinstance(node, dict):
+        return []
+    own = node.get("autoscaling")
+    urls = [own["prometheusUrl"]] if isinstance(own, dict) and "prometheusUrl" in own else []
+    return urls + [u for value in node.values() for u in _prometheus_urls(value)]
+
+
+def _readme_spec() -> dict[str, Any]:
+    readme = (REPO / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.DOTALL) if f"kind: {L.KIND}" in b]
+    assert len(blocks) == 1, "README.md's spec"
+    spec = yaml.safe_load(blocks[0])
+    assert isinstance(spec, dict)
+    return spec
+
+
+# The Prometheus URLs of the top-level examples that set one (examples/demo/ points at the local cluster's
+# own Prometheus on loopback, not at the one install.md sets up)
+EXAMPLE_PROMETHEUS = {
+    p.relative_to(REPO).as_posix(): urls
+    for p in sorted([*(REPO / "examples").glob("*.yaml"), *(REPO / "examples" / "kind").glob("*.yaml")])
+    if (urls := _prometheus_urls([d for d in yaml.safe_load_all(p.read_text()) if d]))
+}
+
+
 def test_prometheus_url_of_the_stack_is_what_the_examples_use() -> None:
+    """install.md's Prometheus URL is the model's default and the one README.md's spec, configure.md and
+    every example that sets one use: copying any of them reaches the Prometheus install.md sets up."""
     url = re.search(r"Prometheus is then `(http://[^`]+)`", INSTALL)
     assert url
-    kind = [d for d in yaml.safe_load_all((REPO / "examples" / "kind" / "hgx-b200-kind.yaml").read_text()) if d]
-    dd = next(d for d in kind if d["kind"] == L.KIND)
-    assert dd["spec"]["autoscaling"]["prometheusUrl"] == url[1]
+    assert AutoscalingSpec().prometheus_url == url[1], "the model's default"
+    assert _prometheus_urls(_readme_spec()) == [url[1]]
+    row = re.search(
+        r"^\| `spec\.autoscaling\.prometheusUrl` \| `([^`]+)` \|", (DOCS / "configure.md").read_text(), re.M
+    )
+    assert row and row[1] == url[1], "configure.md's default"
+    assert {"examples/kind/hgx-b200-kind.yaml", "examples/llama-70b-hgx-b200.yaml"} <= set(EXAMPLE_PROMETHEUS)
+    assert {name: urls for name, urls in EXAMPLE_PROMETHEUS.items() if set(urls) != {url[1]}} == {}
 
 
 def _block_after(text: str, marker: str) -> str:

@@ -67,6 +67,29 @@ def test_quoted_numbers_are_in_the_results(doc: Path, heading: str, column: int)
     assert docscheck.unquoted_numbers(rows, column, docscheck.results_texts()) == []
 
 
+# README.md and docs/: every paragraph, list item and table row that cites a bench/results file
+NUMBERED = sorted(d for d in DOCS if d == "README.md" or d.startswith("docs/"))
+
+
+@pytest.mark.parametrize("doc", NUMBERED)
+def test_numbers_beside_a_results_citation_are_in_it(doc: str) -> None:
+    assert docscheck.unquoted_cited_numbers(DOCS[doc].read_text(), docscheck.results_texts()) == []
+
+
+def test_prose_and_rows_citing_results_are_checked() -> None:
+    """The library table of docs/architecture.md quotes bench/results/router.md: a changed figure there is
+    reported, as is one in a paragraph citing a results file."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    results = docscheck.results_texts()
+    for quote, drift, reported in [
+        ("50.1 vs 105.1 vs 2,673 CPU-us", "50.1 vs 150.1 vs 2,673 CPU-us", "150.1"),  # a table row
+        ("0.21-0.74x the prompt tokens", "0.21-0.94x the prompt tokens", "0.94x"),  # a paragraph
+    ]:
+        assert quote in text
+        found = docscheck.unquoted_cited_numbers(text.replace(quote, drift), results)
+        assert [f.rsplit(": ", 1)[1] for f in found] == [reported]
+
+
 def test_make_bench_runs_every_cited_benchmark() -> None:
     readme = [row[2] for row in docscheck.table_rows(README.read_text(), CLAIMS[0][1])]
     bench = [row[1] + " " + row[2] for row in docscheck.table_rows(BENCH.read_text(), CLAIMS[1][1])]
@@ -117,7 +140,7 @@ def test_an_unknown_reason_is_reported() -> None:
 def test_numbers_are_read_with_their_units() -> None:
     cell = "SLO 96.4% vs 94.5%; 110 / 160 CPU-us; 0.21-0.74x; 27.8 ms; 2P4D at 32k, 12 scenarios, `--scale 8`"
     assert docscheck.quoted_numbers(cell) == [
-        ("96.4", "%"), ("94.5", "%"), ("110", ""), ("160", ""), ("0.21", "x"), ("0.74", "x"), ("27.8", "ms"),
+        ("96.4", "%"), ("94.5", "%"), ("110", ""), ("160", "CPU-us"), ("0.21", "x"), ("0.74", "x"), ("27.8", "ms"),
     ]  # fmt: skip
 
 
@@ -136,3 +159,27 @@ def test_a_benchmark_missing_from_make_bench_is_reported() -> None:
     runner = "$PY bench/sim/run.py\n$PY bench/router/run.py --quick\n"
     cited = ["`bench/sim/run.py`", "`.venv/bin/python bench/router/run.py`", "`bench/cache/run.py --only sim`"]
     assert docscheck.benchmarks_not_run(cited, runner) == ["bench/cache/run.py"]
+
+
+def test_a_number_beside_a_citation_not_in_its_results_is_reported() -> None:
+    results = {
+        "plan.md": "| HGX-B200 | 27.8 | 828.0 |\n",
+        "other.md": "96.4%, 12.5 ms, rounds every 100 ms\n",
+        "kv.md": "by `.venv/bin/python bench/router/kv_cost.py`: 551.2 us\n",
+    }
+    text = (
+        "# Plan\n\nA handoff 27.8 ms vs a 0.8 s stall\n([plan.md](bench/results/plan.md)); SLO 96.4%.\n\n"
+        "Cites nothing: 12.9 ms.\n\n"
+        "- per `bench/results/other.md`: 96.4%, 12.5 ms, 0.1 s rounds, `--x` default 300 s\n- uncited 27.9 ms\n\n"
+        "| cost | 0.55 ms, 0.75 ms (`bench/router/kv_cost.py`, results/other.md) |\n"
+        "|---|---|\n"
+        "```\n99.9% bench/results/plan.md\n```\n"
+        "![a figure](bench/results/fig.png) 12.5 ms, 13.5 ms\n"
+    )
+    found = docscheck.unquoted_cited_numbers(text, results)
+    assert [f.rsplit(": ", 1)[1] for f in found] == [
+        "96.4%",  # in other.md, not the file its paragraph cites
+        "0.75ms",  # 0.55 ms is kv.md's, which the row's script wrote
+        "13.5ms",  # a paragraph citing only an image: any results file counts
+    ]
+    assert found[0].startswith("A handoff 27.8 ms")

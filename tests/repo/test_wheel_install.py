@@ -1,8 +1,8 @@
 """The `xpyd` CLI from its wheel: built from this tree, installed with pip into a fresh venv, no clone needed.
 
-What a user without the repository gets (README, "The CLI without a clone"): the commands the docs use
-(`plan`, `render`, `simulate`) work from any folder, with the model catalog, the CRD and the chart's data
-inside the wheel, and a bad argument is one line and exit 2.
+What a user without the repository gets (README.md, below its command table): `xpyd --help` lists every
+command, the commands the docs use (`plan`, `render`, `simulate`) work from any folder, with the model
+catalog, the CRD and the chart's data inside the wheel, and a bad argument is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import venv
 from pathlib import Path
 
 import pytest
+
+from xpyd_cli.main import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-70b-hgx-b200.yaml"
@@ -49,6 +51,12 @@ def test_the_wheel_holds_no_test_or_repo_only_file(xpyd: Path) -> None:
     installed = {p.name for p in site.iterdir()}
     assert {"xpyd_cli", "xpyd_api", "xpyd_operator", "xpyd_router", "xpyd_perf"} <= installed, installed
     assert not {"tests", "e2e", "bench"} & installed, installed
+
+
+def test_help_lists_every_command(xpyd: Path, tmp_path: Path) -> None:
+    done = run([str(xpyd), "--help"], cwd=tmp_path)
+    listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and line.strip()}
+    assert set(COMMANDS) <= listed, done.stdout
 
 
 def test_plan_render_and_simulate_work_outside_the_clone(xpyd: Path, tmp_path: Path) -> None:
