@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.reliability.fuzz_cases import fuzz_emulator, fuzz_router
+from bench.reliability.pair_cases import pair_failing, pair_slow
 from bench.reliability.repro_cases import LEAK_BLOCKS, kv_leak, ssrf
 from bench.reliability.results import (
     DRAINED,
@@ -137,12 +138,18 @@ CASES: dict[str, Case] = {
     "decode-drained": decode_drained,
     "fuzz-router": fuzz_router,
     "fuzz-emulator": fuzz_emulator,
+    "pair-failing": pair_failing,
+    "pair-slow": pair_slow,
 }
 
 
 def case_limit(name: str, scale: Scale) -> float:
     """Seconds a case may take at most: its load, a client's deadline, start-up and teardown."""
-    return scale.fuzz_budget_s + 60 if name.startswith("fuzz") else scale.seconds + scale.deadline_s + 40
+    if name.startswith("fuzz"):
+        return scale.fuzz_budget_s + 60
+    if name.startswith("pair"):  # its load outlasts the pair's cool-off (pair_cases.py)
+        return max(scale.seconds, scale.fault_at + 1.6 * scale.pair_fault_s + 15) + scale.deadline_s + 40
+    return scale.seconds + scale.deadline_s + 40
 
 
 async def run_case(name: str, scale: Scale, logdir: Path, limit: float | None = None) -> Result:

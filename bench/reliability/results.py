@@ -23,6 +23,8 @@ LEAK_LARGE_OK = "a large request completes within the lease + 2 s"
 LEAK_FREED = "KV usage back under 5% within the lease + 2 s"
 FUZZ_PASSED = "the fuzzer ran and passed (exit 0: no 5xx, hang or crash)"
 RAN = "the case ran"
+PAIR_TRIPPED = "the faulty prefill/decode pair was taken out of pairing"
+PAIR_BACK = "the pair carried a good handoff again after the fault ended"
 PREFILL_HOP = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
 
@@ -41,11 +43,13 @@ class Scale:
     lease_s: float = 4.0  # KV lease of the leak case's emulator
     fuzz_requests: int = 10_000
     fuzz_budget_s: float = 100.0
+    pair_fault_s: float = 5.0  # how long a prefill/decode pair's KV pulls fail (10a; 10b 1.6x as long)
 
 
 FULL = Scale()
-QUICK = Scale(seconds=8.0, fault_at=3.0, freeze_s=4.0, deadline_s=20.0, lease_s=3.0, fuzz_budget_s=40.0)
-SHORT = Scale(seconds=4.0, fault_at=1.5, freeze_s=3.0, deadline_s=20.0, lease_s=2.0)  # the regression tests
+QUICK = Scale(seconds=8.0, fault_at=3.0, freeze_s=4.0, deadline_s=20.0, lease_s=3.0, fuzz_budget_s=40.0,
+              pair_fault_s=4.0)  # fmt: skip
+SHORT = Scale(seconds=4.0, fault_at=1.5, freeze_s=3.0, deadline_s=20.0, lease_s=2.0, pair_fault_s=4.0)  # the tests
 
 
 @dataclass

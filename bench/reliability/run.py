@@ -3,7 +3,8 @@
 Runs every process-level case (bench/reliability/process_cases.py: real router and emulator processes on
 127.0.0.1) and, when bench/reliability/cluster_cases.py is there, its `run_all(quick)` against the local
 cluster. Bounded: the full suite stops within 20 minutes, --quick within 10 (--no-cluster: 8 and 3).
-Exits 1 when a case lost or hung a request or failed one of its checks.
+`--case NAME` (repeatable) runs only those process cases and puts their rows into the existing file, every
+other row kept as it was. Exits 1 when a case lost or hung a request or failed one of its checks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import importlib.util
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -22,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # bench/ is not installed: import it from the repository root
 
 from bench.reliability.bounded import run_bounded  # noqa: E402
-from bench.reliability.process_cases import FULL, LEAK_BLOCKS, QUICK, Result, Scale, run_all  # noqa: E402
+from bench.reliability.process_cases import (  # noqa: E402
+    CASES,
+    FULL,
+    LEAK_BLOCKS,
+    QUICK,
+    Result,
+    Scale,
+    run_all,
+    run_case,
+)
 from bench.reliability.stack import ROUTER_FLAGS  # noqa: E402
 from bench.router.procs import MODEL  # noqa: E402
 from testkit.outcomes import HEADER  # noqa: E402
@@ -70,10 +81,14 @@ def verdict(results: list[Result]) -> str:
     return head + "".join(f"\n- FAILED {line}" for line in failed)
 
 
-def document(scale: Scale, quick: bool, results: list[Result], cluster: list[str], seconds: float) -> str:
-    rows = "\n".join([r.row() for r in results] + cluster)
-    mode = "--quick" if quick else "full"
+def this_run(quick: bool, seconds: float, what: str = "") -> str:
     machine = f"{platform.machine()} Linux with {len(os.sched_getaffinity(0))} CPU cores"
+    return f"{what}{'--quick' if quick else 'full'}, {seconds:.0f} s on {machine}, {time.strftime('%Y-%m-%d')}"
+
+
+def document(scale: Scale, rows: list[str], run_line: str, summary: str) -> str:
+    """The whole file: `rows` of the table, `run_line` (this run's mode, time, machine), `summary` (the verdict)."""
+    table = "\n".join(rows)
     return f"""# Reliability: the fault suite
 
 What a client sees when a worker dies, freezes, swallows connections or answers garbage, when clients
@@ -89,22 +104,26 @@ the client's own deadline of {scale.deadline_s:g} s). Lost and hung must be 0 (t
     .venv/bin/python bench/reliability/run.py --quick       # at most 10 minutes
     .venv/bin/python bench/reliability/run.py --no-cluster  # the process cases only (about 4 minutes)
 
-Short versions of cases 1, 3, 4, 5, 6, 7 and 8 run in `make test` (tests/reliability/test_process_faults.py).
+    .venv/bin/python bench/reliability/run.py --case pair-failing --case pair-slow  # rows 10a, 10b only
+
+Short versions of cases 1, 3, 4, 5, 6, 7, 8 and 10a run in `make test` (tests/reliability/test_process_faults.py).
 Each process case starts its own processes on 127.0.0.1: `xpyd router` in front of 1 prefill and
-2 decode `xpyd emulate -- vllm serve {MODEL}` workers (NixlConnector, `--speedup {scale.speedup:g}`: a
-128-token answer takes about 1 s), with `XPYD_KV_PEERS=127.0.0.1`, and router flags
-`{" ".join(ROUTER_FLAGS)}`. Load: {scale.rate:g} requests/s for {scale.seconds:g} s, half streamed and half
-not, ~2,000-character prompts; the fault comes {scale.fault_at:g} s in (cases 1-3, 8) or is there from the start
-(4, 4b, 5). Recovery: from the fault until requests started after it succeed again without a failure.
+2 decode `xpyd emulate -- vllm serve {MODEL}` workers (2 and 2 in case 10; NixlConnector,
+`--speedup {scale.speedup:g}`: a 128-token answer takes about 1 s), with `XPYD_KV_PEERS=127.0.0.1`, and router
+flags `{" ".join(ROUTER_FLAGS)}`. Load: {scale.rate:g} requests/s for {scale.seconds:g} s (case 10: until the
+faulty pair's cool-off is over and 5 s more), half streamed and half not, ~2,000-character prompts; the fault
+comes {scale.fault_at:g} s in (cases 1-3, 8, 10) or is there from the start (4, 4b, 5). Recovery: from the fault
+until requests started after it succeed again without a failure (case 10: from the fault's end until the pair
+carries a good handoff again).
 
 ## Results
 
-This run: {mode}, {seconds:.0f} s on {machine}, {time.strftime("%Y-%m-%d")}.
+This run: {run_line}.
 
 {HEADER}
-{rows}
+{table}
 
-{verdict(results)}
+{summary}
 
 ## What each case means
 
@@ -144,6 +163,16 @@ This run: {mode}, {seconds:.0f} s on {machine}, {time.strftime("%Y-%m-%d")}.
    emulator, connections it closed on malformed HTTP or the client's own aborts), *lost* is 5xx (and
    dropped connections or refused ones), *hung* no answer within the fuzzer's hang limit; the note has the
    fuzzer's own columns. A fuzzer fails its row on any 5xx, hang, crash or traceback.
+10. **Self-healing pairs** (bench/reliability/pair_cases.py): 2 prefill and 2 decode workers; decode0's KV pulls
+   from prefill0 (one pair of four) fail with vLLM's failed-KV-load answer, HTTP 500, for {scale.pair_fault_s:g} s
+   (**10a**), or take 1.5 s more for {1.6 * scale.pair_fault_s:g} s with the router's `--handoff-slow-seconds 1`
+   (**10b**): the emulator's `--fault-kv-pull-fail-from` / `--fault-kv-pull-slow-from`, started by SIGUSR1 and
+   ended by `--fault-kv-pull-for`. The router retries each failed handoff on another pair, takes the pair (not
+   its workers) out of pairing for 10 s after 3 failed or slow handoffs in a row, and sends its requests to the
+   other decode worker meanwhile. Must: 0 lost and hung, the pair tripped, and the pair carrying a good handoff
+   again after the fault's end; its recovery (the table's) is that time, read from the router's `/metrics` every
+   0.2 s: the rest of the cool-off (it depends on when the pair tripped) plus the time until the policy picks
+   the pair again.
 
 The cluster cases (scale-downs, an engine upgrade, the apiserver, etcd, Prometheus and the operator
 stopped under load) come from bench/reliability/cluster_cases.py, against the cluster named by KUBECONFIG
@@ -152,12 +181,39 @@ running at its end is interrupted (its teardown runs) and the table says so.
 """
 
 
+def case_of(row: str) -> str:
+    return row.split("|")[1].strip()
+
+
+def spliced(old: str, results: list[Result], scale: Scale, run_line: str) -> str:
+    """The existing file with `results`' rows in place of rows of the same case (or after the last process row),
+    the verdict recounted over the table's process rows, and `run_line` added to the run line."""
+    table = old.split("## Results", 1)[-1].splitlines()
+    rows = [line for line in table if line.startswith("| ") and not HEADER.startswith(line)]
+    fresh = {r.case: r.row() for r in results}
+    known = {case_of(line) for line in rows}
+    rows = [fresh.get(case_of(line), line) for line in rows]
+    process = [i for i, line in enumerate(rows) if re.match(r"\d", case_of(line))]
+    rows[process[-1] + 1 if process else 0 : 0] = [fresh[r.case] for r in results if r.case not in known]
+    cells = [line.split("|") for line in rows if re.match(r"\d", case_of(line))]
+    lost, hung = (sum(int(c[i]) for c in cells if c[i].strip().isdigit()) for i in (5, 7))
+    failed = [line for line in old.splitlines() if line.startswith("- FAILED ") and line[9:].split(":")[0] not in fresh]
+    failed += verdict(results).splitlines()[1:]
+    head = f"**{len(cells) - len(failed)} of {len(cells)} process cases passed; {lost} lost and {hung} hung requests"
+    old_run = re.search(r"^This run: (.*)\.$", old, re.M)
+    parts = old_run.group(1).split("; ") if old_run else []
+    line = "; ".join([*(p for p in parts if p.split("),")[0] != run_line.split("),")[0]), run_line])
+    return document(scale, rows, line, head + " in all.**" + "".join(f"\n{f}" for f in failed))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="shorter loads (10 minutes at most)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the markdown to write (default {OUT.relative_to(ROOT)})")
     p.add_argument("--logs", type=Path, default=None, help="where the processes' logs go (default: a temp dir)")
     p.add_argument("--no-cluster", action="store_true", help="skip the cluster cases (they restart its components)")
+    p.add_argument("--case", action="append", choices=list(CASES), default=[],
+                   help="run only this process case (repeatable) and put its row into the existing --out")  # fmt: skip
     args = p.parse_args()
     scale = QUICK if args.quick else FULL
     logdir = args.logs or Path(tempfile.mkdtemp(prefix="xpyd-reliability-"))
@@ -167,12 +223,24 @@ def main() -> int:
     def report(result: Result) -> None:
         print(result.row(), flush=True)
 
+    if args.case:
+        results = [asyncio.run(run_case(name, scale, logdir)) for name in args.case]
+        for result in results:
+            report(result)
+        ids = ", ".join(case_of(r.row()).split(".")[0] for r in results)
+        what = f"rows {ids} alone (--case {' --case '.join(args.case)}), "
+        text = spliced(args.out.read_text(), results, scale, this_run(args.quick, time.monotonic() - started, what))
+        args.out.write_text(text)
+        print(f"\n{verdict(results)}\nwrote {args.out}", flush=True)
+        return 1 if any(r.failures() for r in results) else 0
+
     results = asyncio.run(run_all(scale, logdir, PROCESS_BUDGET_S[args.quick], report))
     left = TOTAL_BUDGET_S[args.quick] - GRACE_S - (time.monotonic() - started)
     cluster = cluster_rows(args.quick, left, args.no_cluster)
     for line in cluster:
         print(line, flush=True)
-    args.out.write_text(document(scale, args.quick, results, cluster, time.monotonic() - started))
+    rows = [r.row() for r in results] + cluster
+    args.out.write_text(document(scale, rows, this_run(args.quick, time.monotonic() - started), verdict(results)))
     print(f"\n{verdict(results)}\nwrote {args.out}", flush=True)
     return 1 if any(r.failures() for r in results) else 0
 

@@ -36,8 +36,9 @@ carries the prefill's handshake (its handoff facts, xpyd_api.handoff, and its XP
 the operator sets from the pod label xpyd.io/engine-rev): a decode refuses KV from a prefill of another
 revision, or with facts the newest vLLM's NixlConnector refuses (KV cache dtype, model, block and
 tensor parallel sizes), with vLLM's failed-KV-load answer, HTTP 500 (or recomputes, with
-kv_load_failure_policy=recompute). SGLang
-(--disaggregation-mode prefill|decode) pairs requests through bootstrap_host/port/room.
+kv_load_failure_policy=recompute). Injected faults (faults.py, --fault-kv-pull-*) make pulls from named
+prefill peers fail with that answer or take longer, for a while, to exercise a router's pair self-healing.
+SGLang (--disaggregation-mode prefill|decode) pairs requests through bootstrap_host/port/room.
 SIGTERM drains the worker like a pod (server.py).
 
 Multi-node replicas (a LeaderWorkerSet group; parallel.py reads vLLM's data-parallel / --nnodes

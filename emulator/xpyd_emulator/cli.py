@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--zero-delay", action="store_true", help="answer at once (to measure router overhead)")
     p.add_argument("--log-level", default="INFO", type=str.upper, choices=LEVELS)
     for knob in KNOBS:
-        p.add_argument(knob.flag, dest=knob.field, default=None, help=f"{knob.help} [env {knob.env}]")
+        p.add_argument(knob.flag, dest=knob.field, default=None, help=f"{knob.help} [env {knob.env}]",
+                       action="append" if knob.repeat else "store")  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM or SGLang command line")
     return p
 
@@ -55,11 +56,16 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def _joined(value: str | list[str] | None) -> str | None:
+    """A repeated flag's values as one comma-separated list, as its env variable takes them."""
+    return ",".join(value) if isinstance(value, list) else value
+
+
 def configure(argv: Sequence[str], env: dict[str, str]) -> tuple[EmulatorConfig, str]:
     """The configuration and log level for `xpyd emulate` arguments; raises CommandLineError."""
     args = _parser().parse_args(list(argv))
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    flags = {knob.field: getattr(args, knob.field) for knob in KNOBS}
+    flags = {knob.field: _joined(getattr(args, knob.field)) for knob in KNOBS}
     cfg = parse_engine_command(
         command, env, gpu=args.gpu, speedup=args.speedup, zero_delay=args.zero_delay or None, flags=flags
     )

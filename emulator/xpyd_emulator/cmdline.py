@@ -77,6 +77,11 @@ class EmulatorConfig:
     engine_rev: str | None = None  # XPYD_ENGINE_REV: a decode refuses KV from a prefill of another revision
     kv_offloading_bytes: int = 0  # vLLM's --kv-offloading-size (GiB) with the native backend: a CPU KV tier
     host_link_gbps: float | None = None  # --host-link-gbps: one GPU's reload rate (None: the topology table's)
+    fault_kv_pull_fail_from: str | None = None  # --fault-kv-pull-*: injected KV-pull faults (faults.py)
+    fault_kv_pull_slow_from: str | None = None
+    fault_kv_pull_delay: float = 1.0
+    fault_kv_pull_at: float | None = 0.0  # None: at each SIGUSR1
+    fault_kv_pull_for: float | None = None  # None: for good
     extra_args: list[str] = field(default_factory=list)
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from xpyd_emulator.errors import CommandLineError
+from xpyd_emulator.faults import SIGNAL_WORD, start_time
+from xpyd_emulator.faults import peer_list as fault_peers
 from xpyd_emulator.peers import PeerPolicy
 
 MIB = 1 << 20
@@ -29,6 +31,7 @@ class Knob:
     parse: Callable[[str], object]
     default: object
     help: str
+    repeat: bool = False  # the flag may be given more than once: its values join as one comma-separated list
 
 
 def number(kind: Callable[[str], N], low: float, high: float = math.inf, open_low: bool = False) -> Callable[
@@ -101,6 +104,19 @@ KNOBS = (
     Knob("engine_rev", "--engine-rev", "XPYD_ENGINE_REV", revision_text, None,
          "this worker's engine revision (the pod label xpyd.io/engine-rev, set by the operator): a decode refuses "
          "KV from a prefill of another revision with vLLM's failed-KV-load answer (default: no revision, no check)"),
+    Knob("fault_kv_pull_fail_from", "--fault-kv-pull-fail-from", "XPYD_FAULT_KV_PULL_FAIL_FROM", fault_peers, None,
+         "fault: this decode's KV pulls from these prefill side channels (HOST or HOST:PORT, comma-separated or "
+         "repeated) fail with vLLM's failed-KV-load answer, HTTP 500, while the fault is on", repeat=True),
+    Knob("fault_kv_pull_slow_from", "--fault-kv-pull-slow-from", "XPYD_FAULT_KV_PULL_SLOW_FROM", fault_peers, None,
+         "fault: KV pulls from these prefill side channels take --fault-kv-pull-delay more seconds while the "
+         "fault is on", repeat=True),
+    Knob("fault_kv_pull_delay", "--fault-kv-pull-delay", "XPYD_FAULT_KV_PULL_DELAY", number(float, 0, 600), 1.0,
+         "fault: real seconds (not scaled by --speedup) a slow KV pull takes more (default 1)"),
+    Knob("fault_kv_pull_at", "--fault-kv-pull-at", "XPYD_FAULT_KV_PULL_AT", start_time, 0.0,
+         f"fault: when the KV pull fault starts: seconds after the worker starts (default 0), or {SIGNAL_WORD} "
+         "(at each such signal to the process)"),
+    Knob("fault_kv_pull_for", "--fault-kv-pull-for", "XPYD_FAULT_KV_PULL_FOR", number(float, 0, 86400, True), None,
+         "fault: seconds the KV pull fault lasts once started (default: until the process ends)"),
 )  # fmt: skip
 
 

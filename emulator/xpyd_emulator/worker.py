@@ -26,6 +26,7 @@ from xpyd_emulator.cmdline import EmulatorConfig
 from xpyd_emulator.dp_routing import check_rank
 from xpyd_emulator.engine import Engine, Sequence
 from xpyd_emulator.errors import ApiError
+from xpyd_emulator.faults import KvPullFault
 from xpyd_emulator.kv_publisher import ZmqPublisher
 from xpyd_emulator.kvtransfer import LeaseTable, pull_blocks
 from xpyd_emulator.leader import GroupLeader
@@ -118,6 +119,7 @@ class Worker:
         self.bootstrap_server = self.sglang and cfg.disaggregation_mode == "prefill"
         self.connector = cfg.kv_transfer_config is not None
         self.facts = handoff_facts(cfg)
+        self.fault = KvPullFault.from_config(cfg)  # --fault-kv-pull-*: injected KV-pull faults
         self.recompute_failed_loads = bool(
             cfg.kv_transfer_config and cfg.kv_transfer_config.get("kv_load_failure_policy") == "recompute"
         )
@@ -159,6 +161,8 @@ class Worker:
         ]
         for task in self._tasks:
             task.add_done_callback(self._task_ended)
+        if self.fault is not None:
+            self.fault.arm()
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10, sock_connect=3))
 
     def _publish(self, rank: int, events: list[Any]) -> None:
@@ -195,6 +199,8 @@ class Worker:
             self.engine.gauges()
 
     async def stop(self) -> None:
+        if self.fault is not None:
+            self.fault.disarm()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -303,12 +309,13 @@ class Worker:
         self.engine.gauges()
         try:
             if remote is not None:
+                delay = await self._injected(remote)
                 _, handshake = await pull_blocks(self._session, remote)
                 if (problem := self.handshake_problem(handshake)) is not None:
                     where = f"{remote.engine_id} at {remote.host}:{remote.port}"
                     raise ApiError(f"KV transfer from {where} failed: {problem}", status=500)
                 return {"tp_size": remote.tp_size, "xpyd_nvlink_domain": remote.nvlink_domain,
-                        "xpyd_node_name": remote.node_name}  # fmt: skip
+                        "xpyd_node_name": remote.node_name, "fault_delay": delay}  # fmt: skip
             assert req.bootstrap is not None
             return await wait_room(self._session, req.bootstrap, self.cfg.kv_lease_seconds)
         except ApiError as exc:
@@ -322,6 +329,18 @@ class Worker:
         finally:
             self.engine.pulling[rank] -= 1
             self.engine.gauges()
+
+    async def _injected(self, remote: RemoteKv) -> float:
+        """An injected fault on this pull (faults.py): waits its delay, raises its failure; returns the delay."""
+        if self.fault is None:
+            return 0.0
+        delay, fails = self.fault.hit(remote.host, remote.port, asyncio.get_running_loop().time())
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if fails:
+            raise ApiError(f"KV transfer from {remote.engine_id} at {remote.host}:{remote.port} failed: NIXL read "
+                           "failed (injected by --fault-kv-pull-fail-from)", status=500)  # fmt: skip
+        return delay
 
     async def _remote_prefill(self, req: ParsedRequest, remote: RemoteKv | None, now: float, rank: int) -> Sequence:
         """Fetch the prompt's KV from its prefill worker (Nixl pull or SGLang room), model the handoff."""
@@ -339,8 +358,8 @@ class Worker:
         lanes = handoff_lanes(self.spec, prefill_tp, self.cfg.tp, self.cfg.dp_attention)
         moved = kv_bytes(self.spec, req.prompt_tokens - local)
         seconds = handoff_seconds(moved, path, self.gpu, lanes)
-        if remote is not None:  # one NIXL transfer, as the decode's connector times it
-            self.rank_metrics[rank].nixl_time.observe(seconds / self.cfg.speedup)
+        if remote is not None:  # one NIXL transfer, as the decode's connector times it (an injected delay too)
+            self.rank_metrics[rank].nixl_time.observe(seconds / self.cfg.speedup + float(info.get("fault_delay", 0)))
             self.rank_metrics[rank].nixl_bytes.observe(float(moved))
         if not self.cfg.zero_delay:
             await asyncio.sleep(seconds / self.cfg.speedup)

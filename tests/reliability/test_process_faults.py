@@ -62,3 +62,13 @@ async def test_leaked_kv_is_refused_by_the_router_and_freed_within_the_lease(tmp
     assert facts["peak usage"] > 0.5, result.row()  # the reproduction really pinned the pool
     assert facts["large ok"] == 1 and facts["large after s"] <= facts["lease s"] + 2, result.row()
     assert 0 <= facts["freed after s"] <= facts["lease s"] + 2, result.row()
+
+
+async def test_a_failing_pair_cools_off_and_pairs_again_without_losing_a_request(tmp_path: Path) -> None:
+    """Case 10a: one prefill/decode pair's KV pulls fail for a while; the router retries its handoffs on other
+    pairs, takes the pair out of pairing, and pairs it again once the fault and the cool-off are over."""
+    result = await run("pair-failing", tmp_path)
+    facts = result.facts
+    assert facts["trips"] >= 1 and facts["pair failures"] >= 3 and facts["pair retries"] >= 1, result.row()
+    assert facts["rerouted"] + facts["direct"] > 0, result.row()  # requests went around the cooling pair
+    assert 0 <= facts["paired after end s"] <= facts["recovery s"], result.row()  # back in pairing, then used
