@@ -11,10 +11,13 @@ import pytest
 from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus, SloSpec
 from xpyd_operator.autoscaling.policy import make_policy
 from xpyd_operator.autoscaling.slo import (
+    MAX_UTILIZATION,
     SloPolicy,
     ahead,
     measure_ready,
     planned_quantile,
+    prefill_ttft,
+    queue_growth,
     size_decode,
     size_prefill,
 )
@@ -159,14 +162,102 @@ def test_a_slower_model_needs_more_prefill() -> None:
     assert slow > fast
 
 
+@pytest.mark.parametrize(
+    ("new_tokens", "rate_x", "correction", "want"),
+    [
+        # prompts whose service alone is over the budget miss it on any size: sized by throughput
+        (60_000, 1.5, 1.0, math.ceil(1.5 / MAX_UTILIZATION)),
+        # reachable: the planned quantile
+        (2_000, 1.5, 1.0, None),
+    ],
+)
+def test_an_unreachable_goal_does_not_buy_the_whole_bound(
+    new_tokens: float, rate_x: float, correction: float, want: int | None
+) -> None:
+    perf = PERF["prefill"]
+    cap = perf.prefill_tokens_per_second()
+    n, ttft, _ = size_prefill(perf, correction, new_tokens, rate_x * cap, 1.0, 0.99, 16, cap)
+    if want is None:
+        assert n < 16 and ttft <= 1.0
+    else:
+        assert n == want and ttft > 1.0
+
+
+def test_a_goal_out_of_reach_is_planned_as_its_share_of_the_best() -> None:
+    """Service near the budget: 16 replicas reach under 99 %; plan 99 % of what 16 reach, not 16."""
+    perf = PERF["prefill"]
+    cap = perf.prefill_tokens_per_second()
+    n, _, attain = size_prefill(perf, 2.6, 8_000, 0.6 * cap, 0.99, 0.99, 16, cap)
+    _, service, rho = prefill_ttft(perf, 2.6, 8_000, 0.6 * cap, 16, 0.99, cap)
+    best = within_probability(service, rho, 0.99)
+    assert best < 0.99 and n < 16 and attain >= 0.99 * best
+
+
 def test_trend_and_ahead() -> None:
     assert trend([(0, 1.0), (10, 2.0), (20, 3.0)]) == pytest.approx(0.1)
     assert trend([(0, 1.0), (10, 2.0)]) == 0.0  # too few points
-    st = PoolState(demand=((NOW - 30, 100.0), (NOW - 15, 200.0)))
-    value, st2 = ahead(st, NOW, 300.0, 60.0, 300.0)
-    assert value == pytest.approx(300.0 + 60.0 * 100.0 / 15) and len(st2.demand) == 3
     falling = PoolState(demand=((NOW - 30, 300.0), (NOW - 15, 200.0)))
     assert ahead(falling, NOW, 100.0, 60.0, 300.0)[0] == 100.0  # never below now
+
+
+@pytest.mark.parametrize(
+    ("history", "horizon", "want"),
+    [
+        # a trend fitted over 30 s is extrapolated 30 s, not the 60 s a replica takes
+        (((NOW - 30, 100.0), (NOW - 15, 200.0)), 60.0, 300.0 + 30.0 * 100.0 / 15),
+        # fitted over 90 s: the whole horizon
+        (((NOW - 90, 0.0), (NOW - 60, 100.0), (NOW - 30, 200.0)), 60.0, 300.0 + 60.0 * 100.0 / 30),
+        # a shorter horizon than the history: the horizon
+        (((NOW - 90, 0.0), (NOW - 60, 100.0), (NOW - 30, 200.0)), 15.0, 300.0 + 15.0 * 100.0 / 30),
+    ],
+)
+def test_ahead_extrapolates_no_further_than_its_history(
+    history: tuple[tuple[float, float], ...], horizon: float, want: float
+) -> None:
+    value, st = ahead(PoolState(demand=history), NOW, 300.0, horizon, 300.0)
+    assert value == pytest.approx(want) and st.demand[-1] == (NOW, 300.0)
+
+
+@pytest.mark.parametrize(
+    ("previous", "waiting", "want"),
+    [
+        (None, 500.0, 0.0),  # first sample: nothing to compare with
+        ((NOW - 15, 0.0), 300.0, 20.0),  # grew by 300 in 15 s
+        ((NOW - 15, 300.0), 100.0, 0.0),  # draining: no unserved arrivals
+        ((NOW, 0.0), 300.0, 0.0),  # no time passed
+    ],
+)
+def test_queue_growth(previous: tuple[float, float] | None, waiting: float, want: float) -> None:
+    rate, st = queue_growth(PoolState(queue=previous), NOW, waiting)
+    assert rate == pytest.approx(want) and st.queue == (NOW, waiting)
+
+
+def test_a_growing_queue_is_demand_the_served_rate_does_not_show() -> None:
+    """A spike: the pool serves what one replica can while the queue grows; growth sizes the pool."""
+    cap = PERF["prefill"].prefill_tokens_per_second()
+    served = busy_prefill(1, cap, waiting=600.0)
+    quiet = {"prefill": settled(1, queue=(NOW - 15, 600.0)), "decode": settled(1)}
+    growing = {"prefill": settled(1, queue=(NOW - 15, 0.0)), "decode": settled(1)}
+    flat = SloPolicy().decide(inputs(served, light_decode(1)), quiet, NOW).pools["prefill"].desired
+    grown = SloPolicy().decide(inputs(served, light_decode(1)), growing, NOW).pools["prefill"].desired
+    assert flat == 2 and grown >= 3  # 600 queued in 15 s of 2,000-token prompts: ~1.7 replicas more
+    assert state_from_dict(state_to_dict({"p": settled(1, queue=(NOW, 600.0))}))["p"].queue == (NOW, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "ready", "waiting", "learns"),
+    [
+        (2, 2, 0.0, True),  # steady: the engines' TTFT says how far off the model is
+        (4, 2, 0.0, False),  # replicas starting: TTFT is the wait for them
+        (2, 2, 50.0, False),  # a backlog: TTFT is its wait, not the model's error
+    ],
+)
+def test_the_prefill_correction_is_learnt_in_a_steady_state(
+    replicas: int, ready: int, waiting: float, learns: bool
+) -> None:
+    pool = busy_prefill(replicas, 20_000.0, ready=ready, waiting=waiting, ttft_p90=0.9)
+    d = SloPolicy().decide(inputs(pool, light_decode(2)), {}, NOW)
+    assert (d.state["prefill"].correction != 1.0) is learns
 
 
 # --- both pools ---------------------------------------------------------------------------------
@@ -268,6 +359,17 @@ def test_stabilization_keeps_the_window_max() -> None:
     later = {**st, "prefill": PoolState(recommendations=((NOW - 400, 5),), fresh_since=OLD, last_desired=5)}
     d = SloPolicy().decide(inputs(busy_prefill(5, 100.0), light_decode(2)), later, NOW)
     assert d.pools["prefill"].desired < 5
+
+
+@pytest.mark.parametrize(("held", "window_max", "want"), [(8, 2, 2), (8, 8, 8), (3, 1, 1)])
+def test_scale_down_goes_straight_to_the_window_max(held: int, window_max: int, want: int) -> None:
+    st = {
+        "prefill": PoolState(recommendations=((NOW - 400, held), (NOW - 100, window_max)), fresh_since=OLD),
+        "decode": settled(2),
+    }
+    st["prefill"] = replace(st["prefill"], last_desired=held)
+    d = SloPolicy().decide(inputs(busy_prefill(held, 100.0), light_decode(2)), st, NOW)
+    assert d.pools["prefill"].desired == want
 
 
 def test_time_to_ready_is_measured() -> None:

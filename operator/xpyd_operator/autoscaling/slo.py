@@ -3,17 +3,21 @@
 Each pool's replica is priced by the performance model (slomodel) and corrected online
 from the engines' own latency. Both pools are one decision over the same traffic:
 
-- prefill from the prompt-token rate less the prefix-cache hits, plus the queued prompts drained
-  within the time a new replica takes to be Ready, at the smallest size whose TTFT at the planned
-  quantile (service + queueing) fits the target less the KV handoff;
+- prefill from the prompt-token rate less the prefix-cache hits, plus the prompts that arrived
+  unserved (the queue's growth since the last decision), at the smallest size whose TTFT at the
+  planned quantile (service + queueing) fits the target less the KV handoff; where no size reaches
+  the quantile (prompts too long for the budget however idle the pool), at the smallest size that
+  reaches the goal's share of what the pool's bound reaches;
 - decode from the sequences it runs and those about to arrive (queued here and at prefill), at the
   smallest size whose decode step (the ITL) fits the target, whose KV cache holds them with
   headroom and whose batch stays under the engine's cap (the pool's --max-num-seqs, else vLLM's
   256), since sequences past it queue and wait out their TTFT; so the P:D ratio follows the mix.
 
-Demand is extrapolated along its recent trend by the measured time to Ready (ahead of ramps, never
-below now). Moving the sizes (up at once, down to the stabilization window's maximum, cooldowns,
-flap guard, no move on missing data, a manual edit taken as the new target) is XpydPolicy's.
+Demand is extrapolated along its recent trend by the measured time to Ready, or by the span the trend
+was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
+from TTFT only in a steady state (all replicas Ready, no backlog). Moving the sizes (up at once, down
+straight to the stabilization window's maximum, cooldowns, flap guard, no move on missing data, a
+manual edit taken as the new target) is XpydPolicy's.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
@@ -34,7 +38,17 @@ from .slomodel import (
     waiting_quantile,
     within_probability,
 )
-from .types import DECODE, PREFILL, Behavior, Decision, PolicyInputs, PoolObservation, PoolState
+from .types import (
+    DECODE,
+    PREFILL,
+    Behavior,
+    Decision,
+    PolicyInputs,
+    PoolBounds,
+    PoolDecision,
+    PoolObservation,
+    PoolState,
+)
 
 DEFAULT_READY_S: Final = 60.0  # a new replica's time to Ready until one is measured
 READY_ALPHA: Final = 0.5
@@ -83,11 +97,20 @@ def size_prefill(
     top: int,
     capacity: float,
 ) -> tuple[int, float, float]:
-    """The fewest replicas (up to `top`) whose TTFT at q fits `budget_s`; with that TTFT and its attainment."""
+    """The fewest replicas (up to `top`) whose TTFT at q fits `budget_s`; with that TTFT and its attainment.
+
+    Where not even `top` replicas reach q (prompts whose own service time is near or over the budget miss
+    it however idle the pool), the goal is the same share of what `top` reaches: more replicas would
+    buy next to nothing.
+    """
+    _, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, top, q, capacity)
+    best = within_probability(service, rho, budget_s)
+    floor = q if best >= q else q * best
     for n in range(1, top + 1):
         ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, n, q, capacity)
-        if ttft <= budget_s and rho <= MAX_UTILIZATION:
-            return n, ttft, within_probability(service, rho, budget_s)
+        attain = within_probability(service, rho, budget_s)
+        if rho <= MAX_UTILIZATION and (ttft <= budget_s or attain >= floor):
+            return n, ttft, attain
     ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, top, q, capacity)
     return top, ttft, within_probability(service, rho, budget_s)
 
@@ -109,10 +132,21 @@ def size_decode(
 
 
 def ahead(st: PoolState, now: float, value: float, horizon: float, window: float) -> tuple[float, PoolState]:
-    """`value` extrapolated `horizon` seconds along its recent upward trend; the state keeps the sample."""
+    """`value` extrapolated along its recent upward trend by `horizon` seconds, or by as long as the trend
+    was fitted over if that is shorter (a line through a few samples says little further out); the state
+    keeps the sample."""
     pts = (*((t, v) for t, v in st.demand if t > now - window), (now, value))[-DEMAND_POINTS:]
     slope = max(0.0, trend(pts))
-    return value + slope * horizon, replace(st, demand=pts)
+    return value + slope * min(horizon, now - pts[0][0]), replace(st, demand=pts)
+
+
+def queue_growth(st: PoolState, now: float, waiting: float) -> tuple[float, PoolState]:
+    """Requests/s the queue grew by since the last decision (0 if it shrank, or on the first sample):
+    arrivals the pool did not serve, so its served rate does not show them; the state keeps the sample."""
+    prev, rate = st.queue, 0.0
+    if prev is not None and now > prev[0]:
+        rate = max(0.0, (waiting - prev[1]) / (now - prev[0]))
+    return rate, replace(st, queue=(now, waiting))
 
 
 def learnt(correction: float, attainment: float, ready_s: float) -> str:
@@ -143,6 +177,11 @@ class SloPolicy(XpydPolicy):
             if dec.desired > obs.ready and st.pending_since is None:
                 states[role] = replace(st, pending_since=now)
         return replace(decision, state=states)
+
+    def _down(self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior) -> PoolDecision:
+        # The model sized every recommendation in the window for its demand: down to the window's max at once
+        # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for.
+        return super()._down(b, n, st, why, now, replace(beh, scale_down_max_fraction=1.0))
 
     def _settle_seconds(self, beh: Behavior) -> float:
         # The model, not a window of history, says what the load needs: a few samples suffice.
@@ -179,13 +218,21 @@ class SloPolicy(XpydPolicy):
         rate = obs.prompt_tokens_rate * (1.0 - hit)
         c = st.correction or 1.0
         capacity = perf.prefill_tokens_per_second()
-        if obs.ready and obs.ttft_p90 is not None:
+        waiting = obs.waiting or 0.0
+        # learnt in a steady state only: while replicas start or a backlog drains, TTFT is the backlog's
+        # wait, which says nothing of the model's error (and would inflate it for long after)
+        steady = obs.ready >= obs.replicas and waiting <= obs.ready
+        if obs.ready and obs.ttft_p90 is not None and steady:
             predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
             if rho >= 0.05 and math.isfinite(predicted):
                 c = corrected(st.correction, obs.ttft_p90, predicted / c) or 1.0
         ready_s = st.ready_seconds or DEFAULT_READY_S
-        backlog = (obs.waiting or 0.0) * new_tokens / ready_s  # queued prompts, served within one start-up
-        demand, st = ahead(st, now, rate + backlog, ready_s, inputs.behavior.stabilization_seconds)
+        growth, st = queue_growth(st, now, waiting)
+        # served prompts plus those that arrived unserved (the queue's growth). The queue itself is not
+        # demand for new replicas: a queued request waits at the replica it was sent to, and a new one
+        # takes new arrivals, not that queue
+        arrived = rate + growth * new_tokens
+        demand, st = ahead(st, now, arrived, ready_s, inputs.behavior.stabilization_seconds)
         handoff = inputs.perf[DECODE].handoff_seconds(prompt) if DECODE in inputs.perf else 0.0
         budget = slo.ttft_seconds * TTFT_MARGIN - handoff
         q = planned_quantile(slo)

@@ -150,12 +150,14 @@ class PoolState:
     last_direction: int = 0  # +1 up, -1 down, 0 never moved
     last_direction_change_time: float | None = None
     # the SLO policy's learning: its model's correction, the replica's measured time to Ready, the
-    # predicted attainment of its last decision, and the demand seen lately (for ramps)
+    # predicted attainment of its last decision, the demand seen lately (for ramps) and the queue at
+    # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve)
     correction: float | None = None
     ready_seconds: float | None = None
     pending_since: float | None = None  # when the pool last asked for more replicas than were Ready
     predicted: float | None = None
     demand: tuple[tuple[float, float], ...] = ()
+    queue: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +174,7 @@ class PoolState:
             "pendingSince": self.pending_since,
             "predicted": self.predicted,
             "demand": [[t, v] for t, v in self.demand],
+            "queue": None if self.queue is None else list(self.queue),
         }
 
     @classmethod
@@ -193,6 +196,7 @@ class PoolState:
                 pending_since=_opt_float(data.get("pendingSince")),
                 predicted=_opt_float(data.get("predicted")),
                 demand=tuple((float(t), float(v)) for t, v in data.get("demand") or ()),
+                queue=_opt_pair(data.get("queue")),
             )
         except (TypeError, ValueError):
             return cls()
@@ -250,6 +254,13 @@ def _opt_float(v: Any) -> float | None:
     if math.isnan(f):
         raise ValueError("NaN")
     return f
+
+
+def _opt_pair(v: Any) -> tuple[float, float] | None:
+    if v is None:
+        return None
+    t, value = v
+    return float(t), float(value)
 
 
 def _opt_int(v: Any) -> int | None:
