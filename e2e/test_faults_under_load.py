@@ -16,11 +16,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from lightkube.types import PatchType
 from testkit.outcomes import CLEAN, HUNG, LOST, OK, Load, Tally, row, run_load
+from testkit.promtext import metric_sum
 
 from xpyd_api import labels as L
+from xpyd_api import metric_names as names
 
 from .kube import is_local_cluster
 from .operator_fixtures import *  # noqa: F403  (fixtures: op_kube, op_namespace, operator_proc, dd)
@@ -137,9 +140,19 @@ def test_engine_upgrade_moves_both_pools_in_step_and_loses_nothing(dd: Any, op_k
     load = Load(url, MODEL, rate=8, seconds=max(SECONDS, 45), max_tokens=400)
     tally, fault_at = asyncio.run(run_load(load, upgrade_and_watch, at_s=5))
     pairs = [sum(min(roles.values()) for roles in by_rev.values()) for by_rev in seen]
-    note = f"both pools in step, surge 1; pairable pods >= {min(pairs, default=0)} at each of {len(pairs)} looks"
+    # The emulated engines stand in for the release their image names (the local kubelet tells them), and a decode
+    # refuses KV from a prefill of another release as vLLM's compatibility hash does: a handoff the router paired
+    # across the two releases fails at the decode leg, which the router counts (and retries).
+    page = httpx.get(url + "/metrics", timeout=10.0).text
+    crossed = metric_sum(page, names.ROUTER_HANDOFF_FAILURES)
+    handoffs = metric_sum(page, names.ROUTER_KV_HANDOFFS)
+    note = (
+        f"both pools in step, surge 1; pairable pods >= {min(pairs, default=0)} at each of {len(pairs)} looks;"
+        f" {crossed:.0f} failed handoffs of {handoffs:.0f} (the workers refuse a pair across releases)"
+    )
     record("engine upgrade (v0.11.0 -> v0.12.0, both pools) under load", tally, fault_at, note)
     assert_nothing_lost(tally, fault_at)
+    assert handoffs > 0 and crossed == 0, page  # nothing paired across the releases: no handoff refused
     wait_for(lambda: images(op_kube, op_namespace, name, "prefill") == {NEW: 1}, 180, what="prefill on the new engine")
     wait_for(lambda: images(op_kube, op_namespace, name, "decode") == {NEW: 2}, 60, what="decode on the new engine")
     assert len(seen) > 10 and len({rev for by_rev in seen for rev in by_rev}) == 2, seen  # it saw both revisions

@@ -48,6 +48,7 @@ ENGINE_REV: Final = (
     "xpyd.io/engine-rev"  # pod label: hash of the handoff facts (xpyd_api.handoff); the router pairs equal ones
 )
 ENV_ENGINE_REV: Final = "XPYD_ENGINE_REV"  # the emulator's own revision (that label, by the downward API)
+ENV_ENGINE_VERSION: Final = "XPYD_ENGINE_VERSION"  # the release an emulator stands in for (its image's tag)
 APPLIED_HASH: Final = "xpyd.io/applied-hash"  # annotation: hash of the manifest the operator last applied
 APP_NAME: Final = "app.kubernetes.io/name"
 ENV_ROLE: Final = "XPYD_ROLE"

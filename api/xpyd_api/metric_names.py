@@ -68,6 +68,7 @@ ROUTER_HANDOFF_FAILURES: Final = "xpyd_router_handoff_failures_total"  # decode 
 ROUTER_HANDOFF_RETRIES: Final = "xpyd_router_handoff_retries_total"  # requests retried after their pair failed
 ROUTER_PAIRS_COOLING: Final = "xpyd_router_pairs_cooling_off"  # pairs out of pairing now
 ROUTER_PAIR_TRIPS: Final = "xpyd_router_pair_trips_total"  # pairs taken out of pairing; label reason
+ROUTER_HANDOFF_BREAKEVEN: Final = "xpyd_router_handoff_breakeven_seconds"  # --handoff-slow-seconds (0: off)
 ROUTER_HELD: Final = "xpyd_router_held_requests"  # requests waiting for a worker (a pool at zero): wakes it
 ROUTER_HOLD_OUTCOMES: Final = "xpyd_router_hold_outcomes_total"  # held requests by outcome: served, timeout, full
 ROUTER_HOLD_WAIT: Final = "xpyd_router_hold_wait_seconds"  # histogram: how long a served held request waited

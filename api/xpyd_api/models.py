@@ -419,6 +419,17 @@ class RouterSpec(_Model):
         default=None, description="Serve HTTPS on port 8000 with this certificate; plain HTTP when omitted."
     )
     log_level: RouterLogLevel = Field(default="WARNING", description="The router's log level (--log-level).")
+    handoff_slow_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "A prefill/decode pair whose streamed KV handoffs (prefill end to decode first byte) take longer than "
+            "this, 3 in a row, is taken out of pairing for a cool-off, and the XpydKvHandoffSlow alert compares the "
+            "pair's p99 with it (the router's --handoff-slow-seconds and xpyd_router_handoff_breakeven_seconds). "
+            "Omitted: the break-even, the decode stall that disaggregation saves for a workload.promptTokens prompt "
+            "(the DisaggregationWorthwhile condition's), where the model and topology are known; 0: off."
+        ),
+    )
 
     @field_validator("tokenizer")
     @classmethod

@@ -39,9 +39,11 @@ def _entry(command: str) -> Callable[[list[str]], int]:
         return emulate_main
     if command == "plan":
         from xpyd_cli.httpget import get
+        from xpyd_cli.planspec import preflight
         from xpyd_perf.cli import main as plan_main
 
-        return functools.partial(plan_main, fetch=get)  # xpyd_perf does no network I/O: --measured URLs read here
+        # xpyd_perf does no network I/O and reads no deployment spec: --measured URLs and --spec read here
+        return functools.partial(plan_main, fetch=get, preflight=preflight)
     if command == "render":
         from xpyd_operator.render import main as render_main
 

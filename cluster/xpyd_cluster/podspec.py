@@ -143,6 +143,12 @@ def _probe(spec: dict[str, Any] | None, ports: dict[str, int]) -> Probe | None:
     )
 
 
+def engine_release(image: str) -> str | None:
+    """The release an engine image names by its tag (`vllm/vllm-openai:v0.11.0` -> 0.11.0; None untagged)."""
+    tag = image.rsplit("/", 1)[-1].partition("@")[0].partition(":")[2]
+    return tag.removeprefix("v") or None
+
+
 def classify(image: str) -> str:
     """Our image runs as itself, vLLM's CPU image as the real engine, a vLLM or SGLang image runs the emulator,
     anything else a placeholder."""
@@ -273,6 +279,9 @@ def plan(
     product = node.labels.get(L.GPU_PRODUCT, "")
     if product:
         env[L.ENV_GPU] = product.removeprefix("NVIDIA-").split("-")[0]
+    release = engine_release(image) if kind == "engine" else None
+    if release:  # the emulator hands KV only to a worker of the same release, as the engine's compatibility hash does
+        env[L.ENV_ENGINE_VERSION] = release
     if kind == "real":  # vLLM's own address for its sockets (gloo, the data-parallel coordinator)
         env |= REAL_VLLM_IMAGE_ENV | {"VLLM_HOST_IP": pod_ip}
     env.update(container_env(pod, container, pod_ip))

@@ -75,6 +75,7 @@ class EmulatorConfig:
     join_timeout: float = 300.0
     heartbeat_timeout: float = 5.0
     engine_rev: str | None = None  # XPYD_ENGINE_REV: a decode refuses KV from a prefill of another revision
+    engine_version: str | None = None  # XPYD_ENGINE_VERSION: the release in its handoff facts (vLLM's hash has it)
     kv_offloading_bytes: int = 0  # vLLM's --kv-offloading-size (GiB) with the native backend: a CPU KV tier
     host_link_gbps: float | None = None  # --host-link-gbps: one GPU's reload rate (None: the topology table's)
     fault_kv_pull_fail_from: str | None = None  # --fault-kv-pull-*: injected KV-pull faults (faults.py)

@@ -104,6 +104,10 @@ KNOBS = (
     Knob("engine_rev", "--engine-rev", "XPYD_ENGINE_REV", revision_text, None,
          "this worker's engine revision (the pod label xpyd.io/engine-rev, set by the operator): a decode refuses "
          "KV from a prefill of another revision with vLLM's failed-KV-load answer (default: no revision, no check)"),
+    Knob("engine_version", "--engine-version", "XPYD_ENGINE_VERSION", revision_text, None,
+         "the engine release this worker stands in for (the local cluster's kubelet sets it from the image tag): "
+         "part of its handoff facts, so a decode refuses KV from a prefill of another release as vLLM's "
+         "compatibility hash does (default: none, no check)"),
     Knob("fault_kv_pull_fail_from", "--fault-kv-pull-fail-from", "XPYD_FAULT_KV_PULL_FAIL_FROM", fault_peers, None,
          "fault: this decode's KV pulls from these prefill side channels (HOST or HOST:PORT, comma-separated or "
          "repeated) fail with vLLM's failed-KV-load answer, HTTP 500, while the fault is on", repeat=True),

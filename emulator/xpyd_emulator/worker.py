@@ -416,7 +416,7 @@ def handoff_facts(cfg: EmulatorConfig) -> handoff.HandoffFacts:
     connector = str((cfg.kv_transfer_config or {}).get("kv_connector") or "")
     defaults = {"tp": cfg.tp, "pp": cfg.layout.pp, "dp": cfg.dp}
     facts = handoff.argv_facts(cfg.engine, cfg.extra_args, connector=connector, model=cfg.model, defaults=defaults)
-    return replace(facts, block_size=str(cfg.block_size))
+    return replace(facts, block_size=str(cfg.block_size), version=cfg.engine_version or facts.version)
 
 
 def sglang_labels(model: str, mode: str | None) -> str:

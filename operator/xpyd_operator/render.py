@@ -83,21 +83,33 @@ def empty_cluster(topology: Topology | None, gpus: int, widest: int, clique: str
     return [NodeInfo(f"{topology.name.lower()}-{i}", labels, size) for i in range(count)]
 
 
-def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], list[dict[str, Any]]]:
-    """What the operator would say (placement, each pool's fits-check) and apply for one manifest."""
+def read_spec(doc: dict[str, Any], topology: str | None = None) -> tuple[str, DisaggregatedDeploymentSpec]:
+    """A manifest's name and spec as the API server would admit them (`topology` replaces spec.topology.kind);
+    RenderError names what it refuses. `xpyd plan --spec` reads its file with this too."""
     meta = doc.get("metadata") or {}
     name = str(meta.get("name") or "")
     if not name or len(name) > MAX_NAME_LENGTH:
         raise RenderError(f"metadata.name must be 1 to {MAX_NAME_LENGTH} characters, got {name!r}")
     body = dict(doc.get("spec") or {})
-    if options.topology is not None:
-        if options.topology not in TOPOLOGY_KINDS:
-            raise RenderError(f"--topology must be one of {', '.join(TOPOLOGY_KINDS)}, got {options.topology!r}")
-        body["topology"] = {**(body.get("topology") or {}), "kind": options.topology}
+    if topology is not None:
+        if topology not in TOPOLOGY_KINDS:
+            raise RenderError(f"--topology must be one of {', '.join(TOPOLOGY_KINDS)}, got {topology!r}")
+        body["topology"] = {**(body.get("topology") or {}), "kind": topology}
     try:
-        spec = DisaggregatedDeploymentSpec.model_validate(body)
+        return name, DisaggregatedDeploymentSpec.model_validate(body)
     except ValidationError as exc:
         raise RenderError(f"{name}: {_problems(exc)}") from None
+
+
+def refusal(name: str, reason: str, message: str) -> str:
+    """The line a render (and `xpyd plan --spec`) prints for a spec the operator would refuse."""
+    return f"{name}: the operator would refuse it (Ready=False, {reason}): {message}"
+
+
+def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], list[dict[str, Any]]]:
+    """What the operator would say (placement, each pool's fits-check) and apply for one manifest."""
+    meta = doc.get("metadata") or {}
+    name, spec = read_spec(doc, options.topology)
     spec = with_defaults(spec, options.default_network)
     if spec.model.config is None and options.model_config is not None:
         try:
@@ -120,8 +132,7 @@ def render_objects(doc: dict[str, Any], options: Options) -> tuple[list[str], li
     own = options.own_image or default_own_image()
     desired = desire(owner, spec, observed, own, options.router_image or own, options.pull_secrets)
     if desired.error is not None:
-        reason, message = desired.error
-        raise RenderError(f"{name}: the operator would refuse it (Ready=False, {reason}): {message}")
+        raise RenderError(refusal(name, *desired.error))
     for child in desired.children:
         child["metadata"].pop("ownerReferences", None)
     return _notes(spec, desired), desired.children

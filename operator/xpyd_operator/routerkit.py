@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,30 @@ def cpu_tier_args(spec: DisaggregatedDeploymentSpec) -> list[str]:
             "--cpu-tier-tp", str(first.gpus_per_replica)]  # fmt: skip
 
 
+def breakeven_seconds(spec: DisaggregatedDeploymentSpec) -> float:
+    """The handoff a pair is held to: the decode stall that disaggregation saves (t_stall, for a
+    workload.promptTokens prompt on the prefill pool's tensor parallel), as the DisaggregationWorthwhile
+    condition prices it; 0 when there is no handoff or nothing to price it by (topology Any, an unknown model)."""
+    if spec.prefill is None or spec.decode is None:
+        return 0.0
+    try:
+        verdict = sizing.break_even_of(spec, spec.prefill)
+    except ValueError:
+        return 0.0
+    return verdict.stall_seconds if verdict is not None else 0.0
+
+
+def handoff_slow_args(spec: DisaggregatedDeploymentSpec) -> list[str]:
+    """--handoff-slow-seconds: spec.router.handoffSlowSeconds, else the break-even (rounded up to the
+    millisecond); none for 0, the trip off."""
+    seconds = spec.router.handoff_slow_seconds
+    if seconds is None:
+        seconds = breakeven_seconds(spec)
+    if seconds <= 0:
+        return []
+    return ["--handoff-slow-seconds", f"{math.ceil(seconds * 1000) / 1000:g}"]
+
+
 def name(owner: Owner) -> str:
     return child_name(owner, ROLE)
 
@@ -79,6 +104,7 @@ def deployment(owner: Owner, spec: DisaggregatedDeploymentSpec, image: str) -> d
         cmd += ["--tokenizer", tok]
     cmd += secret_args(spec)
     cmd += cpu_tier_args(spec)
+    cmd += handoff_slow_args(spec)  # a pair whose handoffs exceed the break-even cools off (xpyd_router.pairs)
     if scales_to_zero(spec):  # requests wait for a pool at zero to start, and their count wakes it
         cmd += ["--hold-seconds", f"{COLD_HOLD_SECONDS:g}", "--served-model", spec.model.name]
     if spec.router.log_level != "WARNING":  # the router's default: unchanged pods for unchanged specs

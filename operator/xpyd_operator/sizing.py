@@ -17,10 +17,12 @@ from typing import Final
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, PoolSpec
 from xpyd_perf import (
+    BreakEven,
     Fit,
     ModelConfigError,
     ModelSpec,
     UnknownModelError,
+    break_even,
     model_from_config,
     quantized,
     replica_fit,
@@ -209,3 +211,13 @@ def kv_bytes_per_token(spec: DisaggregatedDeploymentSpec) -> int | None:
     if per_token <= 0:
         return None
     return max(1, per_token // 2) if engine_flags(spec, spec.decode).fp8_kv_cache else per_token
+
+
+def break_even_of(spec: DisaggregatedDeploymentSpec, pool: PoolSpec) -> BreakEven | None:
+    """The disaggregation verdict for a workload.promptTokens prompt on `pool`'s tensor parallel (t_transfer
+    against t_stall); None for topology Any. ValueError for a model or replica the timing cannot place."""
+    topology = spec.topology.hardware
+    if topology is None:
+        return None
+    model = catalog_model(spec) or spec.model.name  # its config.json's shape, else the catalog's
+    return break_even(model, topology.name, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token)

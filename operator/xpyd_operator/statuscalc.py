@@ -51,19 +51,13 @@ def _rolling(observed: Observed, owner: Owner, roles: list[str]) -> list[str]:
 
 
 def worthwhile(spec: DisaggregatedDeploymentSpec, gen: int | None) -> Condition:
-    from xpyd_perf import break_even
-
-    topology = spec.topology.hardware
     pool = spec.prefill or spec.worker
-    if topology is None or pool is None:
-        return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NoTopology", "topology Any: no hardware to model", gen)
     try:
-        model = sizing.catalog_model(spec) or spec.model.name  # its config.json's shape, else the catalog's
-        verdict = break_even(
-            model, topology.name, spec.workload.prompt_tokens, max(1, pool.tp), spec.model.kv_bytes_per_token
-        )
+        verdict = sizing.break_even_of(spec, pool) if pool is not None else None
     except ValueError as exc:  # unknown model/topology or a replica the model cannot place
         return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NotModelled", str(exc), gen)
+    if verdict is None:
+        return C.make(C.DISAGGREGATION_WORTHWHILE, "Unknown", "NoTopology", "topology Any: no hardware to model", gen)
     summary = verdict.summary()
     if spec.mode == "Colocated":
         reason = "ColocatedButWorthwhile" if verdict.disaggregate else "ColocationFits"

@@ -9,7 +9,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from xpyd_perf import handoffs
+from xpyd_perf import handoffs, specplan
 from xpyd_perf.breakeven import BreakEven, break_even, suggest_xpyd
 from xpyd_perf.fits import (
     MAX_SEARCH_GPUS,
@@ -27,6 +27,7 @@ from xpyd_perf.models import MODELS, WEIGHT_BYTES, ModelSpec, UnknownModelError,
 from xpyd_perf.topology import TOPOLOGIES, Topology, UnknownTopologyError, resolve_topology
 
 DEFAULT_GPUS = 8  # the replica the break-even table prices when no size is given (one HGX node)
+DEFAULT_TOPOLOGY = "HGX-B200"
 Fetch = Callable[[str], str]  # GET a URL, its body as text; OSError or ValueError when it cannot
 
 
@@ -45,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the model's Hugging Face config.json: size any model from it, as the operator does with "
         "spec.model.configMap",
     )  # fmt: skip
-    p.add_argument("--topology", default="HGX-B200", help=f"one of {', '.join(TOPOLOGIES)}")
+    p.add_argument(
+        "--topology", default=None, help=f"one of {', '.join(TOPOLOGIES)} (default: --spec's, else {DEFAULT_TOPOLOGY})"
+    )
     p.add_argument(
         "--gpus-per-replica", type=int, default=None,
         help=f"GPUs per replica, as spec.<pool>.gpusPerReplica (default: {DEFAULT_GPUS}, and the smallest that fits)",
@@ -80,6 +83,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--measured-window", default="1h", metavar="DURATION",
         help="with a Prometheus URL: the handoffs of this last stretch (a PromQL duration)",
+    )  # fmt: skip
+    p.add_argument(
+        "--spec", default=None, metavar="FILE",
+        help="a DisaggregatedDeployment file: check first that its prefill and decode can hand KV over, as the "
+        "operator does (refused: its message, exit code 2), and plan its model, topology and first pool's layout "
+        "where the flags above leave them out",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefill-tp", type=int, default=None, metavar="N",
+        help="check a prefill tensor parallel size against --decode-tp (with --spec: instead of the prefill pool's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--decode-tp", type=int, default=None, metavar="N",
+        help="check a decode tensor parallel size against --prefill-tp (with --spec: instead of the decode pool's)",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
@@ -256,13 +273,19 @@ def _measured(args: argparse.Namespace, gpus: int) -> list[handoffs.PairComparis
     return handoffs.compare(samples, _model(args), args.topology, gpus, args.kv_bytes_per_token, args.dp_attention)
 
 
+def _handoff_doc(args: argparse.Namespace) -> dict[str, object]:
+    """--json's "handoff" when --spec or --prefill-tp/--decode-tp asked for the check, else nothing."""
+    checked: specplan.SpecPlan | None = getattr(args, "handoff", None)
+    return {} if checked is None else {"handoff": {"line": checked.line, **checked.detail}}
+
+
 def run(args: argparse.Namespace) -> str:
     topo = resolve_topology(args.topology)
     fit, best = fit_of(args), _smallest(args)
     if not fit.fits:
         if args.json:
             print(json.dumps({"fit": fit.as_dict(), "layout": _layout_doc(topo, fit),
-                              "smallest_fit": _layout_doc(topo, best)}))  # fmt: skip
+                              "smallest_fit": _layout_doc(topo, best), **_handoff_doc(args)}))  # fmt: skip
         raise ValueError(f"{fit.summary()}; {_suggestion(topo, best)}")
     gpus, timing_note = _timing_gpus(topo, fit.gpus)
     mix = None
@@ -303,8 +326,11 @@ def run(args: argparse.Namespace) -> str:
         doc["timing_gpus"] = gpus
         if measured is not None:
             doc["measured"] = [r.as_dict() for r in measured]
+        doc.update(_handoff_doc(args))
         return json.dumps(doc)
-    lines = [
+    checked: specplan.SpecPlan | None = getattr(args, "handoff", None)
+    lines = [] if checked is None else [checked.line]
+    lines += [
         f"{main_row.model} on {main_row.topology}, {fit.gpus} GPUs per replica (disaggregate iff transfer < stall)",
         f"replica: {fit.summary()}",
         f"one replica: {span(topo, fit.gpus)}",
@@ -329,15 +355,35 @@ def run(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, fetch: Fetch | None = None) -> int:
-    """`xpyd plan`; `fetch` reads `--measured` URLs (the xpyd command passes one: this package does no network I/O)."""
+def _preflight(args: argparse.Namespace, preflight: specplan.Preflight | None) -> None:
+    """The handoff check --spec or --prefill-tp/--decode-tp ask for (ValueError: the refusal); its flags applied."""
+    ask = specplan.asked(args)
+    if ask is None:
+        return
+    if preflight is None:
+        raise ValueError("--spec, --prefill-tp and --decode-tp are read by the xpyd command (xpyd plan)")
+    checked = preflight(ask)
+    if checked.refusal is not None:
+        raise ValueError(checked.refusal)
+    specplan.apply(args, checked)
+    args.handoff = checked
+
+
+def main(
+    argv: Sequence[str] | None = None, fetch: Fetch | None = None, preflight: specplan.Preflight | None = None
+) -> int:
+    """`xpyd plan`; `fetch` reads `--measured` URLs and `preflight` a --spec file (the xpyd command passes both:
+    this package does no network I/O and knows no deployment spec)."""
     parser = _parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.model is None and args.model_config is None:
-        parser.error("one of --model or --model-config is required")
-    args.fetch = fetch
+    args.fetch, args.shape, args.handoff = fetch, None, None
     try:
-        args.shape = read_model_config(args.model_config, args.model) if args.model_config else None
+        _preflight(args, preflight)
+        if args.model is None and args.model_config is None:
+            parser.error("one of --model, --model-config or --spec is required")
+        args.topology = args.topology or DEFAULT_TOPOLOGY
+        if args.model_config:
+            args.shape = read_model_config(args.model_config, args.model)
         print(run(args))
     except (UnknownModelError, UnknownTopologyError, TraceFormatError, ValueError, OSError) as exc:
         text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

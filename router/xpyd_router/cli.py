@@ -211,7 +211,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--handoff-slow-seconds", type=float, default=0.0, metavar="S",
         help="streamed KV handoffs (prefill end to decode first byte) slower than this, 3 in a row, also cool a "
-        "pair off (0: off)",
+        "pair off; exported as xpyd_router_handoff_breakeven_seconds (0: off; the operator passes the deployment's "
+        "break-even, the decode stall that disaggregation saves)",
     )  # fmt: skip
     p.add_argument(
         "--no-warm-pairs", dest="warm_pairs", action="store_false",

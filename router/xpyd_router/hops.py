@@ -258,6 +258,10 @@ class _Legs:
     async def decode(self, worker: str, payload: bytes) -> Answer:
         hops, ex = self.hops, self.ex
         ex.first_at = 0.0
+        # A decode engine with requests waiting queues this one too: its handoff's latency then holds that queue,
+        # the decode pool's saturation, not the pair's data path, so it cannot make the pair slow.
+        state = hops.pool.workers.get(worker)
+        queued = state is not None and state.waiting > 0
         try:
             answer = await hops._decode(ex, worker, self.path, payload, self.stream, "decode")
         except HopFailed as failed:
@@ -275,7 +279,7 @@ class _Legs:
             if seconds is not None:
                 hops.metrics.handoff_seconds(*self.pair, seconds)
             if hops.pairs is not None:
-                hops.pairs.ok(*self.pair, seconds)
+                hops.pairs.ok(*self.pair, None if queued else seconds)
         return answer
 
     def _handed(self) -> None:

@@ -265,6 +265,13 @@ class RouterMetrics:
             names.ROUTER_PAIRS_COOLING, "Prefill/decode pairs out of pairing for a cool-off (not their workers).",
             ["deployment"], registry=r,
         )  # fmt: skip
+        self.handoff_breakeven = Gauge(
+            names.ROUTER_HANDOFF_BREAKEVEN,
+            "The handoff latency a prefill/decode pair is held to (--handoff-slow-seconds): the break-even, the "
+            "decode stall that disaggregation saves, unless spec.router.handoffSlowSeconds says otherwise; 0: none "
+            "(slow handoffs trip no pair). The XpydKvHandoffSlow alert compares each pair's p99 with it.",
+            ["deployment"], registry=r,
+        )  # fmt: skip
         self.pair_trips = Counter(
             names.ROUTER_PAIR_TRIPS,
             "Pairs taken out of pairing, by reason: failures (handoffs failed in a row) or slow "

@@ -7,8 +7,9 @@ a plan whose pair is cooling off goes to another ready decode worker of the pref
 whose pair is healthy (the least loaded), or, with none, straight to the planned decode worker (it
 computes the prompt itself). One log line per trip and per recovery.
 
-Trips: `failures` handoffs in a row failed, or `slow` in a row took longer than `slow_seconds` (off
-by default: the router knows no break-even time at run time; see docs/operate.md). The first
+Trips: `failures` handoffs in a row failed, or `slow` in a row took longer than `slow_seconds` (the
+break-even the operator passes as --handoff-slow-seconds, exported as a gauge for the alert that
+compares each pair's p99 with it; 0, the router's default, is off; see docs/operate.md). The first
 cool-off is `cool_off` seconds; a pair that fails again on its first handoff after one trips at
 once for twice as long, up to `max_cool_off`; a successful handoff resets it.
 """
@@ -183,6 +184,7 @@ class Pairs:
         self.pool, self.metrics = pool, metrics
         self.health = PairHealth(limits or PairLimits(), clock, self._changed)
         metrics.pairs_cooling.labels(metrics.deployment).set_function(self.cooling_now)
+        metrics.handoff_breakeven.labels(metrics.deployment).set(self.health.limits.slow_seconds)
 
     def plan(self, plan: Plan, failed: frozenset[Pair] = frozenset()) -> Plan:
         """The plan to run (`reroute`, around the pairs whose handoff `failed` this request already)."""

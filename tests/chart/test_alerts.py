@@ -33,7 +33,6 @@ def test_alerts_on_slow_and_failing_pairs_with_the_values_thresholds() -> None:
     slow, failing = alerts["XpydKvHandoffSlow"], alerts["XpydKvHandoffFailures"]
     assert slow["for"] == "15m" and failing["for"] == "5m"
     assert f"{names.ROUTER_HANDOFF_LATENCY}_bucket" in slow["expr"]
-    assert slow["expr"].rstrip().endswith("> 2")  # the default p99 limit, seconds
     assert names.ROUTER_HANDOFF_FAILURES in failing["expr"]
     assert failing["expr"].rstrip().endswith("> 0.05")
     for alert in (slow, failing):
@@ -42,6 +41,42 @@ def test_alerts_on_slow_and_failing_pairs_with_the_values_thresholds() -> None:
     for alert in alerts.values():
         assert alert["labels"]["severity"] == "warning"
         assert not re.search(r"\{\{\s*\.Values", str(alert))
+
+
+def _slow(values: dict[str, str]) -> dict[str, object]:
+    rule = one(template({KEY: "true", **values}), "PrometheusRule")
+    return next(r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "XpydKvHandoffSlow")
+
+
+def test_a_slow_pair_is_one_over_its_deployments_break_even_by_default() -> None:
+    alert = _slow({})
+    expr = " ".join(str(alert["expr"]).split())
+    p99, limit = expr.split(" > on (namespace, deployment) group_left () ")
+    assert p99.startswith("histogram_quantile(0.99, sum by (namespace, deployment, prefill, decode, le)")
+    # the gauge the routers export where the operator priced the break-even, else the fixed 2 s for the rest
+    assert limit == (
+        f"(max by (namespace, deployment) ({names.ROUTER_HANDOFF_BREAKEVEN} > 0) "
+        f"or max by (namespace, deployment) ({names.ROUTER_HANDOFF_LATENCY}_count) * 0 + 2)"
+    )
+    assert "over the break-even" in str(alert["annotations"])
+
+
+@pytest.mark.parametrize(
+    ("values", "limit"),
+    [({"metrics.prometheusRule.handoffThreshold": "fixed"}, "> 2"),
+     ({"metrics.prometheusRule.handoffThreshold": "fixed", "metrics.prometheusRule.handoffP99Seconds": "5"}, "> 5"),
+     ({"metrics.prometheusRule.handoffP99Seconds": "5"}, "* 0 + 5)")],
+)  # fmt: skip
+def test_the_values_keep_a_fixed_limit(values: dict[str, str], limit: str) -> None:
+    alert = _slow(values)
+    assert str(alert["expr"]).rstrip().endswith(limit)
+    fixed = values.get("metrics.prometheusRule.handoffThreshold") == "fixed"
+    assert (names.ROUTER_HANDOFF_BREAKEVEN in str(alert["expr"])) is not fixed
+
+
+def test_the_threshold_is_breakeven_or_fixed() -> None:
+    with pytest.raises(AssertionError, match="handoffThreshold"):
+        template({KEY: "true", "metrics.prometheusRule.handoffThreshold": "p99"})
 
 
 @pytest.mark.parametrize(

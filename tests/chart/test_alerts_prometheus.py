@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,18 +44,62 @@ DEPLOYMENTS: dict[str, tuple[list[str], bool]] = {
 }
 
 
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def handoffs(deployment: str, breakeven: float | None, pairs: dict[str, float]) -> Callable[[], str]:
+    """One router replica's /metrics whose pairs' handoffs all land in the bucket up to pairs[decode] seconds (so
+    their p99 is just below it), more at each scrape; breakeven: its --handoff-slow-seconds gauge (None: a router
+    without the gauge)."""
+    scrapes = itertools.count(1)
+
+    def page() -> str:
+        n = 10 * next(scrapes)
+        lines = [f"# TYPE {names.ROUTER_HANDOFF_LATENCY} histogram"]
+        for decode, upper in pairs.items():
+            pair = f'deployment="{deployment}",prefill="p0",decode="{decode}"'
+            for le in (*BUCKETS, "+Inf"):
+                count = n if le == "+Inf" or float(le) >= upper else 0
+                lines.append(f'{names.ROUTER_HANDOFF_LATENCY}_bucket{{{pair},le="{le}"}} {count}')
+            lines += [f"{names.ROUTER_HANDOFF_LATENCY}_count{{{pair}}} {n}",
+                      f"{names.ROUTER_HANDOFF_LATENCY}_sum{{{pair}}} {n * upper}"]  # fmt: skip
+        if breakeven is not None:
+            lines += [f"# TYPE {names.ROUTER_HANDOFF_BREAKEVEN} gauge",
+                      f'{names.ROUTER_HANDOFF_BREAKEVEN}{{deployment="{deployment}"}} {breakeven}']  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    return page
+
+
+# deployment -> its router replicas' handoff pages; the fixed limit below is the chart's default (2 s)
+HANDOFFS: dict[str, list[Callable[[], str]]] = {
+    # the operator's break-even (0.2 s): a pair at 0.5 s is over it, one at 0.1 s is not; two router replicas
+    "priced": [handoffs("priced", 0.2, {"slow": 0.5, "fast": 0.1}), handoffs("priced", 0.2, {"slow": 0.5})],
+    # routers that know no break-even (0: topology Any) or export no gauge (older routers): the fixed 2 s
+    "unpriced": [handoffs("unpriced", 0.0, {"slow": 5.0, "fast": 1.0})],
+    "old-router": [handoffs("old-router", None, {"slow": 5.0, "fast": 0.5})],
+}
+# (deployment, decode) XpydKvHandoffSlow must fire for: with the break-even, and with handoffThreshold "fixed"
+SLOW_BREAKEVEN = {("priced", "slow"), ("unpriced", "slow"), ("old-router", "slow")}
+SLOW_FIXED = {("unpriced", "slow"), ("old-router", "slow")}
+
+
+def _static(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[str]:
     servers, targets = [], []
+    pages: list[tuple[str, Callable[[], str]]] = [(d, page) for d, routers in HANDOFFS.items() for page in routers]
     for deployment, (routers, _) in DEPLOYMENTS.items():
-        for i, text in enumerate(routers):
-            page = text.replace('deployment="DD"', f'deployment="{deployment}"')
-            httpd = serve_pages({"/metrics": lambda page=page: page})
-            servers.append(httpd)
-            port = httpd.server_address[1]
-            targets.append(
-                {"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ns", "pod": f"{deployment}-{i}"}}
-            )
+        for text in routers:
+            pages.append((deployment, _static(text.replace('deployment="DD"', f'deployment="{deployment}"'))))
+    for i, (deployment, make) in enumerate(pages):
+        httpd = serve_pages({"/metrics": make})
+        servers.append(httpd)
+        port = httpd.server_address[1]
+        targets.append({"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ns", "pod": f"{deployment}-{i}"}})
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
         "scrape_configs": [{"job_name": "routers", "static_configs": targets}],
@@ -99,3 +144,25 @@ def test_no_pairable_workers_fires_for_the_deployments_that_cannot_pair(promethe
     assert firing == {d for d, (_, fires) in DEPLOYMENTS.items() if fires}
     for expr in alerts.values():  # every alert's expression is PromQL Prometheus takes
         query(prometheus, expr)
+
+
+def _slow_pairs(base: str, expr: str) -> set[tuple[str, str]]:
+    return {(s["deployment"], s["decode"]) for s in query(base, expr) if s["deployment"] in HANDOFFS}
+
+
+@pytest.mark.parametrize(("threshold", "want"), [("breakeven", SLOW_BREAKEVEN), ("fixed", SLOW_FIXED)])
+def test_handoff_slow_fires_for_the_pairs_over_their_deployments_break_even(
+    prometheus: str, threshold: str, want: set[tuple[str, str]]
+) -> None:
+    values = {"metrics.prometheusRule.enabled": "true", "metrics.prometheusRule.handoffThreshold": threshold}
+    rule = one(template(values), "PrometheusRule")
+    expr = next(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "XpydKvHandoffSlow")
+    got: set[tuple[str, str]] = set()
+    for _ in range(120):  # until the 5-minute rates have two samples of every stand-in (0.25 s a try)
+        got = _slow_pairs(prometheus, expr)
+        if got == want:
+            break
+        time.sleep(0.25)
+    assert got == want
+    fired = {(s["deployment"], s["decode"]): s for s in query(prometheus, expr) if s["deployment"] in HANDOFFS}
+    assert all(set(s) >= {"namespace", "deployment", "prefill", "decode"} for s in fired.values())

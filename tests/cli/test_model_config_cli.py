@@ -128,4 +128,4 @@ def test_plan_needs_a_model_or_its_config(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit) as exit_:
         main(["plan"])
     assert exit_.value.code == 2
-    assert "one of --model or --model-config is required" in capsys.readouterr().err
+    assert "one of --model, --model-config or --spec is required" in capsys.readouterr().err

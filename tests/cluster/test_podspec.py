@@ -81,6 +81,22 @@ def test_vllm_image_runs_the_emulator_with_the_images_entrypoint() -> None:
     assert plan.env["XPYD_NVLINK_DOMAIN"] == "b200-0"
 
 
+@pytest.mark.parametrize(
+    ("image", "release"),
+    [
+        ("vllm/vllm-openai:v0.11.0", "0.11.0"),
+        ("lmsysorg/sglang:v0.5.3-cu126", "0.5.3-cu126"),
+        ("vllm/vllm-openai:latest@sha256:0123", "latest"),
+        ("vllm/vllm-openai", None),  # untagged: no release, no check
+        ("ghcr.io/xpyd/xpyd:0.1.0", None),  # not an emulated engine
+        (f"{CPU_IMAGE}:v0.32.0", None),  # the real engine knows its own release
+    ],
+)
+def test_an_emulated_engine_pod_stands_in_for_the_release_its_tag_names(image: str, release: str | None) -> None:
+    plan = podspec.plan(pod(image, args=["m"]), "127.1.0.5", B200, xpyd="/venv/bin/xpyd")
+    assert plan.env.get("XPYD_ENGINE_VERSION") == release
+
+
 def test_nvl72_pod_learns_its_clique_as_nvlink_domain() -> None:
     plan = podspec.plan(pod("vllm/vllm-openai:v0.11.0", command=["vllm", "serve", "m"]), "127.1.0.6", TRAY, xpyd="x")
     assert plan.env["XPYD_NVLINK_DOMAIN"] == clique_id(1)

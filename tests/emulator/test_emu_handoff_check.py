@@ -77,6 +77,34 @@ async def test_a_decode_refuses_an_incompatible_handoff_as_vllm_does(
         assert "KV transfer from" in error["message"] and refusal in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("prefill_release", "decode_release", "refusal"),
+    [
+        ("0.11.0", "0.11.0", None),
+        ("0.11.0", "0.12.0", "version 0.12.0 != remote 0.11.0"),  # an upgrade's old prefill, new decode
+        (None, None, None),  # told no release: nothing to compare
+    ],
+)
+async def test_a_decode_refuses_kv_from_another_engine_release(
+    http: aiohttp.ClientSession, prefill_release: str | None, decode_release: str | None, refusal: str | None
+) -> None:
+    p_cfg = make_config("127.0.0.66", MODEL, "--kv-transfer-config", KV_CONFIG, engine_version=prefill_release)
+    d_cfg = make_config("127.0.0.67", MODEL, "--kv-transfer-config", KV_CONFIG, engine_version=decode_release)
+    assert handoff_facts(p_cfg).version == (prefill_release or "")
+    async with running(p_cfg) as prefill, running(d_cfg) as decode:
+        status, doc = await _handoff(http, prefill, decode)
+    if refusal is None:
+        assert status == 200, doc
+    else:
+        assert status == 500 and refusal in doc["error"]["message"], doc
+
+
+def test_the_release_comes_from_the_env_the_local_kubelet_sets() -> None:
+    cmd = ["vllm", "serve", MODEL, "--kv-transfer-config", KV_CONFIG]
+    assert parse_engine_command(cmd, {}).engine_version is None
+    assert parse_engine_command(cmd, {L.ENV_ENGINE_VERSION: "0.12.0"}).engine_version == "0.12.0"
+
+
 async def test_recompute_policy_decodes_anyway(http: aiohttp.ClientSession) -> None:
     p_cfg = make_config("127.0.0.63", MODEL, "--kv-transfer-config", KV_CONFIG, engine_rev="aaaa")
     d_cfg = make_config("127.0.0.64", MODEL, "--kv-transfer-config", RECOMPUTE, engine_rev="bbbb")

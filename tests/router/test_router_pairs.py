@@ -173,6 +173,33 @@ async def test_a_streamed_handoff_is_timed_and_its_bytes_counted_per_pair(stubs:
     assert "xpyd_router_pairs_cooling_off" in text
 
 
+@pytest.mark.parametrize("slow", [0.0, 0.081])
+async def test_the_break_even_a_pair_is_held_to_is_a_gauge(stubs: Any, router: Any, slow: float) -> None:
+    """--handoff-slow-seconds (the operator's break-even) is exported for XpydKvHandoffSlow; 0 when it is off."""
+    prefill, decode = await stubs("prefill"), await stubs("decode")
+    r = await router([prefill, decode], scrape_interval=60, pairs=PairLimits(slow_seconds=slow), **FAST)
+    assert r.sample("xpyd_router_handoff_breakeven_seconds", deployment="test") == slow
+    assert "# TYPE xpyd_router_handoff_breakeven_seconds gauge" in generate_latest(r.metrics.registry).decode()
+
+
+async def test_a_handoff_slow_behind_a_queueing_decode_engine_does_not_make_the_pair_slow(
+    stubs: Any, router: Any
+) -> None:
+    """The handoff's latency holds decode's queue: while the decode engine reports requests waiting, a slow
+    handoff is the decode pool's saturation, not the pair's, and trips nothing; with no queue it trips the pair."""
+    prefill, decode = await stubs("prefill"), await stubs("decode")
+    limits = PairLimits(slow_seconds=1e-9, slow=1)  # every timed handoff is over this break-even
+    r = await router([prefill, decode], scrape_interval=60, pairs=limits, **FAST)
+    pair = {"prefill": prefill.url, "decode": decode.url}
+    r.pool.workers[decode.url].waiting = 3.0  # as a scrape of a queueing engine sets it
+    assert (await call(r.url, {"prompt": "queued", "max_tokens": 4, "stream": True}))[0] == 200
+    assert r.sample("xpyd_router_handoff_latency_seconds_count", **pair) == 1  # still measured
+    assert r.sample("xpyd_router_pairs_cooling_off") == 0
+    r.pool.workers[decode.url].waiting = 0.0
+    assert (await call(r.url, {"prompt": "not queued", "max_tokens": 4, "stream": True}))[0] == 200
+    assert r.sample("xpyd_router_pair_trips_total", reason="slow", **pair) == 1
+
+
 async def test_no_bytes_series_without_kv_bytes_per_token(stubs: Any, router: Any) -> None:
     prefill, decode = await stubs("prefill"), await stubs("decode")
     r = await router([prefill, decode], scrape_interval=60, **FAST)
