@@ -63,7 +63,8 @@ class RouteRequest:
 class Decision:
     worker: str
     reason: str
-    matched_blocks: int = 0
+    matched_blocks: int = 0  # leading prompt blocks the worker holds on its GPU
+    saved_blocks: int = 0  # blocks of recompute a priced reload from its CPU tier saves (RouteView.saved)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ from xpyd_router.kv.prefix_index import PrefixIndex
 from xpyd_router.kv.tier_cost import ReloadCost
 from xpyd_router.kv.tier_index import TierIndex
 from xpyd_router.kv.wire import CPU, GPU, Removed, Stored, decode_batch
-from xpyd_router.model import RouterContext, RouteRequest, WorkerState
+from xpyd_router.model import Plan, RouterContext, RouteRequest, WorkerState
+from xpyd_router.policy.base import first_hop_blocks
+from xpyd_router.policy.kv import KvAwarePolicy
 from xpyd_router.policy.parts import RouteView
 from xpyd_router.policy.scorers.prefix import PrefixScorer
 from xpyd_router.policy.scorers.tiers import TierScorer
@@ -211,3 +213,33 @@ def test_the_router_takes_a_fixed_cpu_weight_from_its_flag(argv: list[str], weig
     args = parser().parse_args(["--decode", "http://127.0.0.1:9", *argv])
     assert validate(args) is None
     assert args.cpu_tier_weight == weight
+
+
+def _busy_holder(pricing: ReloadCost | None, fixed: float | None) -> tuple[PrefixIndex, list[WorkerState], list[int]]:
+    """Worker "a" holds the whole 64-block prompt in host memory and has 100 uncached blocks of work in
+    flight; "b" holds nothing and is idle."""
+    blocks = list(range(1, 65))
+    index = PrefixIndex()
+    index.offload("a", blocks)
+    index.offloaded.price(pricing, 16, fixed)
+    return index, [WorkerState("a", "prefill", inflight_blocks=100), WorkerState("b", "prefill")], blocks
+
+
+@pytest.mark.parametrize(
+    ("priced", "fixed", "worker", "saved"),
+    [
+        (True, None, "a", 64),  # the reload saves nearly all of the prompt: the holder is within its work bound
+        (False, 0.4, "b", 0),  # llm-d's weight ranks the holder first but prices nothing: 164 blocks > the bound
+        (False, None, "b", 0),  # CPU blocks count nothing: the idle worker
+    ],
+)  # fmt: skip
+def test_a_priced_reload_is_work_the_request_does_not_bring(
+    priced: bool, fixed: float | None, worker: str, saved: int
+) -> None:
+    pricing = ReloadCost(LLAMA, GPUS["GB200"], 8) if priced else None
+    index, workers, blocks = _busy_holder(pricing, fixed)
+    req = RouteRequest(blocks, 1)
+    decision = KvAwarePolicy().pick_prefill(RouteView(req, index, RouterContext()), workers)
+    assert decision.worker == worker
+    assert decision.saved_blocks == pytest.approx(saved, abs=3)  # the reload's worth is just under 1
+    assert first_hop_blocks(Plan(decision), req) == len(blocks) - decision.saved_blocks

@@ -108,11 +108,15 @@ def record(index: PrefixIndex, plan: Plan, req: RouteRequest) -> None:
 
 def first_hop_blocks(plan: Plan, req: RouteRequest) -> int:
     """The uncached prompt blocks the first hop computes, whether a prefill or the only hop: the
-    in-flight work the pool counts on that worker until the prompt is done (its first token)."""
-    return len(req.blocks) - (plan.prefill or plan.decode).matched_blocks
+    in-flight work the pool counts on that worker until the prompt is done (its first token); a
+    priced reload counts as the recompute it does not save."""
+    first = plan.prefill or plan.decode
+    return max(0, len(req.blocks) - first.matched_blocks - first.saved_blocks)
 
 
 def prefill_blocks(plan: Plan, req: RouteRequest) -> int:
     """The uncached prompt blocks the prefill hop computes: the in-flight work the pool counts on
-    that worker for the hop (0 when the request goes straight to decode)."""
-    return len(req.blocks) - plan.prefill.matched_blocks if plan.prefill is not None else 0
+    that worker for the hop (0 when the request goes straight to decode); a priced reload counts as
+    the recompute it does not save."""
+    first = plan.prefill
+    return max(0, len(req.blocks) - first.matched_blocks - first.saved_blocks) if first is not None else 0

@@ -105,7 +105,8 @@ class LoadBound:
 
     def admits(self, ranked: Ranked) -> Callable[[int], bool]:
         cfg = self.config
-        view, workers, hits = ranked.view, ranked.workers, ranked.hits
+        # a priced reload is work the request does not bring (`Ranked.credits`; the GPU-held prefix alone otherwise)
+        view, workers, hits = ranked.view, ranked.workers, ranked.credits
         n = len(workers)
         size = len(view.req.blocks)
         load = work = 0.0
@@ -240,23 +241,24 @@ class KvAwarePolicy(BasePolicy):
 
         if kept(0):
             hit = ranked.hits[0]
-            return Decision(ranked.at(0).name, "prefix" if hit else "affinity", hit)
+            return Decision(ranked.at(0).name, "prefix" if hit else "affinity", hit, ranked.saved(0))
         # Spill: of the others within bounds, the one with the least prefill work ahead of the request
-        # (its in-flight uncached blocks plus this request's uncached blocks there), first in rank on ties.
+        # (its in-flight uncached blocks plus this request's uncached blocks there, less what a priced
+        # reload saves: a worker holding part of the prompt costs less), first in rank on ties.
         size = len(view.req.blocks)
-        spill = None
+        spill: tuple[float, int] | None = None
         for r in range(1, n):
             if kept(r):
-                w, hit = ranked.at(r), ranked.hits[r]
-                cost = w.work + size - hit
+                cost = ranked.at(r).work + size - ranked.credits[r]
                 if spill is None or cost < spill[0]:
-                    spill = (cost, w.name, hit)
+                    spill = (cost, r)
         if spill is not None:
-            return Decision(spill[1], "spill", spill[2])
+            r = spill[1]
+            return Decision(ranked.at(r).name, "spill", ranked.hits[r], ranked.saved(r))
         # every worker is over its bounds: of the least loaded (within the slack), the first ranked
         least = min(w.load for w in workers) + cfg.load_slack
         r = next(r for r in range(n) if ranked.at(r).load <= least)
-        return Decision(ranked.at(r).name, "load", ranked.hits[r])
+        return Decision(ranked.at(r).name, "load", ranked.hits[r], ranked.saved(r))
 
     def pick_decode(self, view: RouteView, workers: Sequence[WorkerState], prefill: WorkerState | None) -> Decision:
         cfg = self.config

@@ -32,13 +32,15 @@ class RouteView:
     """One request's routing as the parts see it: the request, the index and the router's context,
     with what more than one part needs computed once (the cached prefix each worker holds)."""
 
-    __slots__ = ("_matches", "context", "index", "req")
+    __slots__ = ("_matches", "_priced", "_saved", "context", "index", "req")
 
     def __init__(self, req: RouteRequest, index: PrefixIndex, context: RouterContext) -> None:
         self.req = req
         self.index = index
         self.context = context
         self._matches: dict[str, int] | None = None
+        self._saved: dict[str, float] = {}
+        self._priced: bool | None = None
 
     @property
     def matches(self) -> Mapping[str, int]:
@@ -51,6 +53,32 @@ class RouteView:
         return self.matches.get(worker.name, 0)
 
     @property
+    def priced(self) -> bool:
+        """Whether a CPU-held block saves recompute by what its reload costs (`TierIndex.pricing`, no
+        fixed weight, something held): a fixed weight (llm-d's rule) ranks holders but is no cost."""
+        if self._priced is None:
+            tiers = self.index.offloaded
+            self._priced = tiers.pricing is not None and tiers.fixed is None and bool(tiers)
+        return self._priced
+
+    def saved(self, worker: WorkerState) -> float:
+        """Prompt blocks of recompute that reloading the worker's CPU-held run (after its GPU-held
+        prefix) saves, where the router prices reloads (`priced`): the run times its `worth`. The
+        prefill work the request brings to that worker is its uncached blocks less these; 0 unpriced."""
+        name = worker.name
+        got = self._saved.get(name)
+        if got is None:
+            got = 0.0
+            if self.priced:
+                tiers = self.index.offloaded
+                gpu = self.matches.get(name, 0)
+                cpu = tiers.run(name, self.req.blocks, gpu)
+                if cpu:
+                    got = cpu * tiers.worth(gpu, cpu)
+            self._saved[name] = got
+        return got
+
+    @property
     def shared(self) -> bool:
         """Whether every router replica sees this index alike: one replica, caches told by the
         engines' events, or every replica's routes recorded by all."""
@@ -61,15 +89,21 @@ class RouteView:
 @dataclass(slots=True)
 class Ranked:
     """The candidates of one hop in the scorers' order: `workers` as given, `order` their positions
-    best first, `hits` the cached prefix of each in that order."""
+    best first, `hits` the GPU-held prefix of each in that order, `credits` the prompt blocks each
+    need not compute (`hits` plus the recompute a priced reload saves: `RouteView.saved`)."""
 
     view: RouteView
     workers: Sequence[WorkerState]
     order: Sequence[int]
     hits: Sequence[int]
+    credits: Sequence[float]
 
     def at(self, rank: int) -> WorkerState:
         return self.workers[self.order[rank]]
+
+    def saved(self, rank: int) -> int:
+        """Whole blocks of recompute a priced reload saves the worker at `rank` (`Decision.saved_blocks`)."""
+        return int(self.credits[rank] - self.hits[rank])
 
 
 class Scorer(Protocol):
@@ -119,4 +153,6 @@ def rank(view: RouteView, workers: Sequence[WorkerState], scorers: Sequence[tupl
     keys = list(zip(*columns, range(len(workers)), strict=True))
     order = sorted(range(len(workers)), key=keys.__getitem__, reverse=True)
     matches = view.matches
-    return Ranked(view, workers, order, [matches.get(workers[i].name, 0) for i in order])
+    hits = [matches.get(workers[i].name, 0) for i in order]
+    credits = [hit + view.saved(workers[i]) for hit, i in zip(hits, order, strict=True)] if view.priced else hits
+    return Ranked(view, workers, order, hits, credits)
