@@ -14,10 +14,13 @@ from xpyd_operator.autoscaling.slo import (
     MAX_UTILIZATION,
     SloPolicy,
     ahead,
+    burst_floor,
+    bursts,
     measure_ready,
     planned_quantile,
     prefill_ttft,
     queue_growth,
+    remember,
     size_decode,
     size_prefill,
 )
@@ -350,15 +353,88 @@ def test_a_manual_edit_is_the_new_target() -> None:
 
 
 def test_stabilization_keeps_the_window_max() -> None:
+    # while a backlog is still being served, the window's recommendations stand
     st = {
         "prefill": PoolState(recommendations=((NOW - 100, 5),), fresh_since=OLD, last_desired=5),
         "decode": settled(2),
     }
-    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0), light_decode(2)), st, NOW)
+    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0, waiting=20.0), light_decode(2)), st, NOW)
     assert d.pools["prefill"].desired == 5 and "window max 5" in d.pools["prefill"].message
     later = {**st, "prefill": PoolState(recommendations=((NOW - 400, 5),), fresh_since=OLD, last_desired=5)}
-    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0), light_decode(2)), later, NOW)
+    d = SloPolicy().decide(inputs(busy_prefill(5, 100.0, waiting=20.0), light_decode(2)), later, NOW)
     assert d.pools["prefill"].desired < 5
+
+
+# --- one-off transients and recurring bursts -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("needs", "now", "need", "want"),
+    [
+        ((), 100.0, 2, ((100.0, 2),)),  # the first size asked for
+        (((0.0, 2),), 100.0, 2, ((0.0, 2),)),  # unchanged: nothing new kept
+        (((0.0, 2),), 100.0, 3, ((0.0, 2), (100.0, 3))),  # a change is kept
+        # older than the memory (600 s): dropped, but the size in force when the memory begins is kept
+        (((0.0, 1), (50.0, 3), (400.0, 1)), 700.0, 2, ((50.0, 3), (400.0, 1), (700.0, 2))),
+    ],
+)
+def test_remember_keeps_the_changes_within_the_memory(
+    needs: tuple[tuple[float, int], ...], now: float, need: int, want: tuple[tuple[float, int], ...]
+) -> None:
+    assert remember(needs, now, need, 600.0) == want
+
+
+@pytest.mark.parametrize(
+    ("sizes", "peaks", "floor"),
+    [
+        ((), [], None),
+        ((1, 1, 1), [], None),  # flat: no burst
+        ((1, 4, 7, 4, 1), [7], None),  # one spike, served and gone: a one-off transient
+        ((1, 3, 1, 4, 1), [3, 4], 4),  # bursts that recur: the highest is kept
+        ((1, 6, 1, 2, 1), [6, 2], None),  # a small blip after a spike is not a recurrence
+        ((5, 4, 3, 2, 3, 2), [3], None),  # a run above the lowest when the memory begins: its start is unseen
+        ((1, 2, 3, 4, 5, 4, 3), [5], None),  # a ramp is one burst
+    ],
+)
+def test_bursts_and_the_floor_while_they_recur(sizes: tuple[int, ...], peaks: list[int], floor: int | None) -> None:
+    needs = tuple((float(i) * 15.0, n) for i, n in enumerate(sizes))
+    assert bursts(needs) == peaks
+    assert burst_floor(needs) == floor
+
+
+def transient(needs: tuple[int, ...], held: int, age: float) -> PoolState:
+    """A pool grown to `held` for a spike `age` s ago (the window: 300 s), the sizes it asked for in memory."""
+    spaced = tuple((NOW - 900.0 + 60.0 * i, n) for i, n in enumerate(needs))
+    return PoolState(
+        recommendations=((NOW - age, held),),
+        fresh_since=OLD,
+        last_desired=held,
+        last_direction=1,
+        last_direction_change_time=NOW - age,
+        needs=spaced,
+    )
+
+
+@pytest.mark.parametrize(
+    ("needs", "age", "waiting", "ready", "want", "reason"),
+    [
+        ((1, 7, 1), 200.0, 0.0, 7, 1, "scale-down"),  # a one-off spike, served: released after the time to Ready
+        ((1, 7, 1), 200.0, 50.0, 7, 7, "stabilizing"),  # its backlog still served: the window stands
+        ((1, 7, 1), 200.0, 0.0, 5, 7, "stabilizing"),  # replicas still starting: not served yet
+        ((1, 5, 1, 7, 1), 200.0, 0.0, 7, 7, "stabilizing"),  # bursts recur: the window stands
+        ((1, 5, 1, 7, 1), 400.0, 0.0, 7, 7, "stabilizing"),  # ... and past it, the highest burst in memory
+        ((1, 3, 1, 4, 1), 400.0, 0.0, 7, 4, "scale-down"),  # ... down to it, not below
+    ],
+)
+def test_a_served_transient_is_released_and_recurring_bursts_are_kept(
+    needs: tuple[int, ...], age: float, waiting: float, ready: int, want: int, reason: str
+) -> None:
+    st = {"prefill": transient(needs, 7, age), "decode": settled(2)}
+    d = SloPolicy().decide(inputs(busy_prefill(7, 100.0, waiting=waiting, ready=ready), light_decode(2)), st, NOW)
+    assert (d.pools["prefill"].desired, d.pools["prefill"].reason) == (want, reason)
+    if want > 1 and ready == 7 and waiting == 0:
+        assert "bursts recur" in d.pools["prefill"].message
+    assert d.state["prefill"].needs[-1][1] == 1  # what the load asks now, remembered
 
 
 @pytest.mark.parametrize(("held", "window_max", "want"), [(8, 2, 2), (8, 8, 8), (3, 1, 1)])
@@ -368,7 +444,7 @@ def test_scale_down_goes_straight_to_the_window_max(held: int, window_max: int, 
         "decode": settled(2),
     }
     st["prefill"] = replace(st["prefill"], last_desired=held)
-    d = SloPolicy().decide(inputs(busy_prefill(held, 100.0), light_decode(2)), st, NOW)
+    d = SloPolicy().decide(inputs(busy_prefill(held, 100.0, waiting=20.0), light_decode(2)), st, NOW)
     assert d.pools["prefill"].desired == want
 
 
@@ -396,6 +472,7 @@ def test_the_spec_selects_the_policy_and_status_shows_the_learning() -> None:
     assert {"sloCorrection", "predictedAttainment", "readySeconds"} <= set(result.status["decode"])
     history = state_from_dict(state_to_dict(result.decision.state))
     assert history["decode"].correction == result.decision.state["decode"].correction
+    assert history["prefill"].needs == result.decision.state["prefill"].needs != ()
 
 
 def test_replica_perf_prices_from_the_catalog() -> None:

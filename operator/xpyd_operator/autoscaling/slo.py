@@ -17,14 +17,16 @@ Demand is extrapolated along its recent trend by the measured time to Ready, or 
 was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
 from TTFT only in a steady state (all replicas Ready, no backlog). Moving the sizes (up at once, down
 straight to the stabilization window's maximum, cooldowns, flap guard, no move on missing data, a
-manual edit taken as the new target) is XpydPolicy's.
+manual edit taken as the new target) is XpydPolicy's, with two exceptions: a one-off transient, once
+served, is released after a replica's time to Ready rather than a window; and while bursts recur (two
+of comparable height within MEMORY_WINDOWS windows) the pool keeps the highest one in memory.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -62,6 +64,7 @@ DEMAND_POINTS: Final = 12  # demand samples kept for the trend
 DEFAULT_PROMPT: Final = 2048.0
 SETTLE_S: Final = 60.0  # fresh data needed before the first scale-down
 GROWTH: Final = 1.3  # context a running sequence still adds, as a share of what it holds
+MEMORY_WINDOWS: Final = 4.0  # the burst memory, in stabilization windows
 
 
 def planned_quantile(slo: SloSpec) -> float:
@@ -149,6 +152,46 @@ def queue_growth(st: PoolState, now: float, waiting: float) -> tuple[float, Pool
     return rate, replace(st, queue=(now, waiting))
 
 
+def remember(needs: Sequence[tuple[float, int]], now: float, need: int, memory: float) -> tuple[tuple[float, int], ...]:
+    """The burst memory after `need` was asked for at `now`: the times the size asked for changed, those of
+    the last `memory` seconds and the one in force when it begins (so a rise within it is seen as one)."""
+    out = list(needs) if needs and needs[-1][1] == need else [*needs, (now, need)]
+    old = [i for i, (t, _) in enumerate(out) if t <= now - memory]
+    return tuple(out[old[-1] :] if old else out)
+
+
+def bursts(needs: Sequence[tuple[float, int]]) -> list[int]:
+    """The peaks of the bursts in `needs` (sizes asked for, oldest first): each a run of sizes above the
+    lowest one, begun by a rise from it (a run already above it when the memory begins is not one: its
+    start is not seen)."""
+    if not needs:
+        return []
+    base = min(n for _, n in needs)
+    peaks: list[int] = []
+    inside = seen_base = False
+    for _, n in needs:
+        if n <= base:
+            inside, seen_base = False, True
+        elif inside:
+            peaks[-1] = max(peaks[-1], n)
+        elif seen_base:
+            peaks.append(n)
+            inside = True
+    return peaks
+
+
+def burst_floor(needs: Sequence[tuple[float, int]]) -> int | None:
+    """The size a pool keeps while bursts recur: the highest burst in memory, once at least two bursts of
+    comparable height (at least half the highest's rise above the lowest size) were seen; None otherwise
+    (a one-off transient, or no burst)."""
+    peaks = bursts(needs)
+    if not peaks:
+        return None
+    base, top = min(n for _, n in needs), max(peaks)
+    comparable = [p for p in peaks if 2 * (p - base) >= top - base]
+    return top if len(comparable) >= 2 else None
+
+
 def learnt(correction: float, attainment: float, ready_s: float) -> str:
     """What the policy has learnt so far, as its messages say it."""
     return f"correction x{correction:.2f}; predicted attainment {attainment:.1%}; ready in ~{ready_s:.0f}s"
@@ -180,8 +223,35 @@ class SloPolicy(XpydPolicy):
 
     def _down(self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior) -> PoolDecision:
         # The model sized every recommendation in the window for its demand: down to the window's max at once
-        # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for.
+        # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for. While
+        # bursts recur, not below the highest one in memory: the next one would find the pool short.
+        # A turn down after a one-off transient waits a replica's time to Ready, not a window: recurring
+        # bursts, the flapping the guard is for, are held by the floor instead.
+        floor = burst_floor(st.needs)
+        if floor is not None:
+            st = replace(st, recommendations=(*st.recommendations, (now, floor)))
+            why = f"{why}; bursts recur, up to {floor}"
+        else:
+            beh = replace(
+                beh, stabilization_seconds=min(beh.stabilization_seconds, st.ready_seconds or DEFAULT_READY_S)
+            )
         return super()._down(b, n, st, why, now, replace(beh, scale_down_max_fraction=1.0))
+
+    def _remember(
+        self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, need: int, now: float
+    ) -> PoolState:
+        """Keep `need` in the burst memory; once a transient is served (all replicas Ready, no backlog) and
+        bursts do not recur, forget the window's recommendations older than a replica's time to Ready: the
+        model sized them for demand that is gone, and what they asked for comes back within that time."""
+        needs = remember(
+            st.needs, now, inputs.bounds[role].clamp(need), MEMORY_WINDOWS * inputs.behavior.stabilization_seconds
+        )
+        st = replace(st, needs=needs)
+        served = obs.ready >= obs.replicas and (obs.waiting or 0.0) <= obs.ready
+        if served and burst_floor(needs) is None:
+            keep = now - (st.ready_seconds or DEFAULT_READY_S)
+            st = replace(st, recommendations=tuple((t, r) for t, r in st.recommendations if t > keep))
+        return st
 
     def _settle_seconds(self, beh: Behavior) -> float:
         # The model, not a window of history, says what the load needs: a few samples suffice.
@@ -203,8 +273,10 @@ class SloPolicy(XpydPolicy):
             return super()._recommend(role, obs, inputs, st, now)
         st = measure_ready(obs, st, now)
         if role == PREFILL:
-            return self._prefill(obs, inputs, perf, slo, st, now)
-        return self._decode(obs, inputs, perf, slo, st, now)
+            need, msg, st = self._prefill(obs, inputs, perf, slo, st, now)
+        else:
+            need, msg, st = self._decode(obs, inputs, perf, slo, st, now)
+        return need, msg, self._remember(role, obs, inputs, st, need, now)
 
     def _prefill(
         self, obs: PoolObservation, inputs: PolicyInputs, perf: ReplicaPerf, slo: SloSpec, st: PoolState, now: float

@@ -151,13 +151,15 @@ class PoolState:
     last_direction_change_time: float | None = None
     # the SLO policy's learning: its model's correction, the replica's measured time to Ready, the
     # predicted attainment of its last decision, the demand seen lately (for ramps) and the queue at
-    # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve)
+    # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve),
+    # and the sizes it asked for over its burst memory (longer than the window: bursts that recur)
     correction: float | None = None
     ready_seconds: float | None = None
     pending_since: float | None = None  # when the pool last asked for more replicas than were Ready
     predicted: float | None = None
     demand: tuple[tuple[float, float], ...] = ()
     queue: tuple[float, float] | None = None
+    needs: tuple[tuple[float, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,6 +177,7 @@ class PoolState:
             "predicted": self.predicted,
             "demand": [[t, v] for t, v in self.demand],
             "queue": None if self.queue is None else list(self.queue),
+            "needs": [[t, n] for t, n in self.needs],
         }
 
     @classmethod
@@ -197,6 +200,7 @@ class PoolState:
                 predicted=_opt_float(data.get("predicted")),
                 demand=tuple((float(t), float(v)) for t, v in data.get("demand") or ()),
                 queue=_opt_pair(data.get("queue")),
+                needs=tuple((float(t), int(n)) for t, n in data.get("needs") or ()),
             )
         except (TypeError, ValueError):
             return cls()
