@@ -15,6 +15,7 @@ TOPOLOGY_SATISFIED: Final = "TopologySatisfied"
 DISAGGREGATION_WORTHWHILE: Final = "DisaggregationWorthwhile"
 COMPUTE_DOMAIN: Final = "ComputeDomainReady"
 AUTOSCALER_HEALTHY: Final = "AutoscalerHealthy"  # written by the autoscaler, never by the reconciler
+KV_DATA_PATH_HEALTHY: Final = "KvDataPathHealthy"  # the autoscaler too: no pair cooling off in the routers
 
 # Types the reconciler owns; the rest are kept as they are.
 RECONCILER_TYPES: Final = (READY, PROGRESSING, TOPOLOGY_SATISFIED, DISAGGREGATION_WORTHWHILE, COMPUTE_DOMAIN)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from realprom import free_port, running  # type: ignore[import-not-found]  # tests/ is on sys.path
+from realprom import free_port, running, serve_pages, stop_pages  # type: ignore[import-not-found]  # tests/ on sys.path
+from xpyd_operator.autoscaling.datapath import PairsHealth, Trip
 from xpyd_operator.autoscaling.prometheus import PrometheusClient
 from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 
@@ -145,3 +146,62 @@ async def test_unreachable_prometheus_is_a_reason() -> None:
         with pytest.raises(PrometheusError) as info:
             await c.observe("ns", "llama", ["prefill"])
     assert info.value.reason == "PrometheusUnreachable"
+
+
+async def test_pairs_from_real_prometheus(tmp_path: Path) -> None:
+    """The routers' pairs: the cooling gauge summed, and both a counted trip and a pair's first trip (a series that
+    appears at 1, which increase() misses) named; another deployment's router is not counted."""
+    trips = {("p0", "d0", "failures"): 1.0}  # tripped before the window: not named until it trips again
+    cooling = {"llama": 1.0, "other": 5.0}
+
+    def page(dep: str) -> Callable[[], str]:
+        def text() -> str:
+            lines = [
+                "# TYPE xpyd_router_pairs_cooling_off gauge",
+                f'xpyd_router_pairs_cooling_off{{deployment="{dep}"}} {cooling[dep]}',
+                "# TYPE xpyd_router_pair_trips_total counter",
+            ]
+            lines += [
+                f'xpyd_router_pair_trips_total{{deployment="{dep}",prefill="{p}",decode="{d}",reason="{r}"}} {n}'
+                for (p, d, r), n in trips.items()
+            ]
+            return "\n".join(lines) + "\n"
+
+        return text
+
+    server = serve_pages({"/llama": page("llama"), "/other": page("other")})
+    port = server.server_address[1]
+    job = {
+        "job_name": "routers",
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": "ns"}}],
+        "relabel_configs": [{"target_label": "__metrics_path__", "replacement": "/llama"}],
+    }
+    other = {
+        **job,
+        "job_name": "other",
+        "relabel_configs": [{"target_label": "__metrics_path__", "replacement": "/other"}],
+    }
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [job, other]}
+    try:
+        with running(tmp_path, config) as url:
+            async with PrometheusClient(url, timeout=2) as c:
+
+                async def pairs(ok: Callable[[PairsHealth], bool]) -> PairsHealth:
+                    got = PairsHealth(None)
+                    for _ in range(60):
+                        try:
+                            got = await c.pairs("ns", "llama", window="4s")
+                            if ok(got):
+                                return got
+                        except PrometheusError:
+                            pass
+                        await asyncio.sleep(0.5)
+                    raise AssertionError(f"Prometheus never answered as expected; last answer {got}")
+
+                await pairs(lambda g: g.cooling == 1.0 and not g.trips)  # the old trip left the window
+                trips[("p0", "d0", "failures")] = 2.0  # tripped again
+                trips[("p1", "d0", "slow")] = 1.0  # a first trip
+                got = await pairs(lambda g: len(g.trips) == 2)
+                assert got == PairsHealth(1.0, (Trip("p0", "d0", "failures"), Trip("p1", "d0", "slow")))
+    finally:
+        stop_pages(server)

@@ -9,6 +9,7 @@ import pytest
 from fakekube import OWNER, FakeKube, b200_nodes  # type: ignore[import-not-found]
 
 from xpyd_api.engines import MetricNames
+from xpyd_operator.autoscaling.datapath import PairsHealth, Trip
 from xpyd_operator.autoscaling.loop import FIELD_MANAGER, autoscale
 from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
 from xpyd_operator.kube import DD
@@ -62,8 +63,9 @@ class FakeClient:
 
 
 class FakePrometheus:
-    def __init__(self, answer: dict[str, PoolMetrics] | PrometheusError) -> None:
+    def __init__(self, answer: dict[str, PoolMetrics] | PrometheusError, pairs: PairsHealth | None = None) -> None:
         self.answer = answer
+        self.pairs_answer = pairs or PairsHealth(0.0)
 
     async def observe(
         self, ns: str, name: str, roles: list[str], stale_after: float, metrics: MetricNames
@@ -72,8 +74,13 @@ class FakePrometheus:
             raise self.answer
         return self.answer
 
+    async def pairs(self, ns: str, name: str) -> PairsHealth:
+        return self.pairs_answer
 
-async def _scaled(metrics: dict[str, PoolMetrics] | PrometheusError) -> tuple[FakeKube, FakeClient, list[str]]:
+
+async def _scaled(
+    metrics: dict[str, PoolMetrics] | PrometheusError, pairs: PairsHealth | None = None
+) -> tuple[FakeKube, FakeClient, list[str]]:
     kube = FakeKube(SPEC, b200_nodes())
     reconciler = Reconciler(kube, Config(own_image="ghcr.io/xpyd/xpyd:t"))
     await reconciler.reconcile(OWNER.namespace, OWNER.name)
@@ -83,7 +90,7 @@ async def _scaled(metrics: dict[str, PoolMetrics] | PrometheusError) -> tuple[Fa
     await autoscale(
         client,  # type: ignore[arg-type]
         kube.dd,
-        FakePrometheus(metrics),  # type: ignore[arg-type]
+        FakePrometheus(metrics, pairs),  # type: ignore[arg-type]
         enqueue=lambda ns, name: enqueued.append(f"{ns}/{name}"),
         now=NOW,
     )
@@ -112,3 +119,26 @@ async def test_the_autoscaler_writes_status_and_the_reconciler_sizes(
     assert [(res, manager) for res, _, _, manager in client.patches] == [(DD.Status, FIELD_MANAGER)]
     assert asked == enqueued
     assert _replicas(kube) == replicas
+
+
+def _conditions(client: FakeClient) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in client.patches[-1][2]["status"]["conditions"]}
+
+
+@pytest.mark.parametrize(
+    ("metrics", "pairs", "kv"),
+    [
+        (IDLE_HOLD, None, ("True", "PairsInRotation")),
+        (IDLE_HOLD, PairsHealth(1.0, (Trip("p0", "d0", "failures"),)), ("False", "PairsCoolingOff")),
+        (IDLE_HOLD, PairsHealth(None), ("Unknown", "RouterMetricsMissing")),
+        (PrometheusError("PrometheusUnreachable", "down"), None, ("Unknown", "PrometheusUnavailable")),
+    ],
+)
+async def test_the_autoscaler_writes_the_kv_data_path_beside_its_health(
+    metrics: dict[str, PoolMetrics] | PrometheusError, pairs: PairsHealth | None, kv: tuple[str, str]
+) -> None:
+    """One apply holds both of the autoscaler's conditions (a map by type: omitting one would drop it)."""
+    _, client, _ = await _scaled(metrics, pairs)
+    conds = _conditions(client)
+    assert set(conds) == {"AutoscalerHealthy", "KvDataPathHealthy"}
+    assert conds["KvDataPathHealthy"] == kv

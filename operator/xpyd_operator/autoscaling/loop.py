@@ -1,9 +1,10 @@
 """The autoscaler loop inside the operator: one task per DisaggregatedDeployment with autoscaling on.
 
 Each period it reads the pools' StatefulSets and pods, queries Prometheus, runs the pure policy and
-writes the decision to ``status.autoscaler`` with the ``AutoscalerHealthy`` condition (field
-manager ``xpyd-autoscaler``). It never writes replicas: the reconciler sizes autoscaled pools from
-that status (one writer of replicas) and is asked to reconcile at once when a size should change.
+writes the decision to ``status.autoscaler`` with the ``AutoscalerHealthy`` condition, and the routers'
+pairs to ``KvDataPathHealthy`` (``datapath``; field manager ``xpyd-autoscaler``). It never writes replicas:
+the reconciler sizes autoscaled pools from that status (one writer of replicas) and is asked to reconcile
+at once when a size should change.
 All its memory is in that status, so a restarted operator carries on where the old one stopped.
 """
 
@@ -24,9 +25,10 @@ from pydantic import ValidationError
 
 from xpyd_api import labels
 from xpyd_api.engines import METRICS
-from xpyd_api.models import DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
+from xpyd_api.models import Condition, DisaggregatedDeploymentSpec, DisaggregatedDeploymentStatus
 from xpyd_operator.kube import DD, LeaderWorkerSet, as_dict
 
+from . import datapath
 from .metrics import AutoscalerMetrics, default_metrics
 from .prometheus import PrometheusClient
 from .spec import AutoscaleResult, PoolRuntime, evaluate, managed_pools, pool_runtime
@@ -83,11 +85,18 @@ async def autoscale(
         answer = await prometheus.observe(ns, name, list(runtimes), stale_after=stale, metrics=names)
     except PrometheusError as exc:
         answer = exc
+    pairs: datapath.PairsHealth | PrometheusError | None = None
+    if spec.mode == "Disaggregated":  # the routers' pairs (a Colocated deployment has none)
+        try:
+            pairs = answer if isinstance(answer, PrometheusError) else await prometheus.pairs(ns, name)
+        except PrometheusError as exc:
+            pairs = exc
     status = DisaggregatedDeploymentStatus.read(obj.get("status"))
     clock = time.time() if now is None else now
     result = evaluate(spec, status, meta.get("generation"), runtimes, answer, clock, free_gpus=free_gpus)
     if not dry_run:
-        await _write_status(client, ns, name, result)
+        kv = [] if pairs is None else [datapath.condition(pairs, status.conditions, clock, meta.get("generation"))]
+        await _write_status(client, ns, name, result, kv)
         moved = {r: want for r, want in result.desired.items() if want != runtimes[r].replicas}
         for role, want in moved.items():
             why = result.decision.pools[role].message
@@ -105,14 +114,17 @@ async def autoscale(
     return result
 
 
-async def _write_status(client: AsyncClient, ns: str, name: str, result: AutoscaleResult) -> None:
+async def _write_status(
+    client: AsyncClient, ns: str, name: str, result: AutoscaleResult, more: list[Condition]
+) -> None:
+    """One apply of the autoscaler's status; every condition it owns each time (conditions: a map by type)."""
     body = {
         "apiVersion": f"{labels.GROUP}/{labels.VERSION}",
         "kind": labels.KIND,
         "metadata": {"name": name, "namespace": ns},
         "status": {
             "autoscaler": result.status,
-            "conditions": [result.condition.model_dump(by_alias=True, exclude_none=True)],
+            "conditions": [c.model_dump(by_alias=True, exclude_none=True) for c in (result.condition, *more)],
         },
     }
     await client.patch(

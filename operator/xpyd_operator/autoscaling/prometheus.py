@@ -13,6 +13,7 @@ import httpx
 
 from xpyd_api.engines import VLLM_METRICS, MetricNames
 
+from . import datapath
 from .promql import ROLE_LABEL, held_query, pool_queries
 from .types import PoolMetrics, PrometheusError
 
@@ -94,6 +95,15 @@ class PrometheusClient:
             for fields in per_role.values():
                 fields["held"] = held[0].value
         return {role: PoolMetrics(**fields) for role, fields in per_role.items()}
+
+    async def pairs(
+        self, namespace: str, deployment: str, *, window: str = datapath.WINDOW, at: float | None = None
+    ) -> datapath.PairsHealth:
+        """The deployment's routers' prefill/decode pairs: how many are out of pairing now, and which tripped."""
+        cooling, trips = await asyncio.gather(
+            *(self.query(q, at) for q in datapath.queries(namespace, deployment, window))
+        )
+        return datapath.pairs_health((s.value for s in cooling), (s.labels for s in trips))
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

@@ -120,6 +120,11 @@ def _hit_ratio(metrics: MetricNames, sel: str, by: str, window: str) -> str | No
     return None
 
 
+def router_selector(namespace: str, deployment: str) -> str:
+    """The label matchers that scope a query to one DisaggregatedDeployment's routers (their own label)."""
+    return f"{NAMESPACE_LABEL}={_quote(namespace)},deployment={_quote(deployment)}"
+
+
 def held_query(namespace: str, deployment: str) -> str:
     """The requests the deployment's routers hold for a worker to start (one value, every replica summed)."""
-    return f"sum({names.ROUTER_HELD}{{{NAMESPACE_LABEL}={_quote(namespace)},deployment={_quote(deployment)}}})"
+    return f"sum({names.ROUTER_HELD}{{{router_selector(namespace, deployment)}}})"
