@@ -137,7 +137,9 @@ def test_engine_upgrade_moves_both_pools_in_step_and_loses_nothing(dd: Any, op_k
 
         asyncio.get_running_loop().create_task(watch())
 
-    load = Load(url, MODEL, rate=8, seconds=max(SECONDS, 45), max_tokens=400)
+    # prompts long enough that every request goes through a prefill and its KV is handed over (short ones go
+    # straight to decode), so each handoff is one a worker of the other release would refuse
+    load = Load(url, MODEL, rate=8, seconds=max(SECONDS, 45), max_tokens=400, prompt_words=1500)
     tally, fault_at = asyncio.run(run_load(load, upgrade_and_watch, at_s=5))
     pairs = [sum(min(roles.values()) for roles in by_rev.values()) for by_rev in seen]
     # The emulated engines stand in for the release their image names (the local kubelet tells them), and a decode
