@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from aiohttp import web
@@ -15,6 +16,8 @@ from realprom import free_port, running, serve_pages, stop_pages  # type: ignore
 from xpyd_operator.autoscaling.datapath import PairsHealth, Trip
 from xpyd_operator.autoscaling.prometheus import PrometheusClient
 from xpyd_operator.autoscaling.types import PoolMetrics, PrometheusError
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.slow
 
@@ -105,20 +108,29 @@ def prometheus(workers: dict[str, Worker], tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-async def until(
-    c: PrometheusClient, ok: Callable[[dict[str, PoolMetrics]], bool], tries: int = 60
-) -> dict[str, PoolMetrics]:
-    """Poll (at most ``tries`` x 0.5 s) until Prometheus's answer satisfies ``ok``."""
-    got: dict[str, PoolMetrics] = {}
+async def poll(fetch: Callable[[], Awaitable[T]], ok: Callable[[T], bool], first: T, tries: int = 60) -> T:
+    """Poll (at most ``tries`` x 0.5 s) until Prometheus's answer, ``fetch()``, satisfies ``ok``."""
+    got = first
     for _ in range(tries):
         try:
-            got = await c.observe("ns", "llama", ["prefill", "decode"], stale_after=30, rate_window="5s")
+            got = await fetch()
             if ok(got):
                 return got
         except PrometheusError:
             pass
         await asyncio.sleep(0.5)
     raise AssertionError(f"Prometheus never answered as expected; last answer {got}")
+
+
+async def until(
+    c: PrometheusClient, ok: Callable[[dict[str, PoolMetrics]], bool], tries: int = 60
+) -> dict[str, PoolMetrics]:
+    """The pools' metrics once they satisfy ``ok``."""
+
+    def fetch() -> Awaitable[dict[str, PoolMetrics]]:
+        return c.observe("ns", "llama", ["prefill", "decode"], stale_after=30, rate_window="5s")
+
+    return await poll(fetch, ok, {}, tries)
 
 
 async def test_pool_metrics_from_real_prometheus(prometheus: str, workers: dict[str, Worker]) -> None:
@@ -187,16 +199,7 @@ async def test_pairs_from_real_prometheus(tmp_path: Path) -> None:
             async with PrometheusClient(url, timeout=2) as c:
 
                 async def pairs(ok: Callable[[PairsHealth], bool]) -> PairsHealth:
-                    got = PairsHealth(None)
-                    for _ in range(60):
-                        try:
-                            got = await c.pairs("ns", "llama", window="4s")
-                            if ok(got):
-                                return got
-                        except PrometheusError:
-                            pass
-                        await asyncio.sleep(0.5)
-                    raise AssertionError(f"Prometheus never answered as expected; last answer {got}")
+                    return await poll(lambda: c.pairs("ns", "llama", window="4s"), ok, PairsHealth(None))
 
                 await pairs(lambda g: g.cooling == 1.0 and not g.trips)  # the old trip left the window
                 trips[("p0", "d0", "failures")] = 2.0  # tripped again
