@@ -38,8 +38,13 @@ def pod(router: dict[str, Any]) -> dict[str, Any]:
 
 
 def tail(cmd: list[str]) -> list[str]:
-    """The command after --tokenizer's pair (what the secrets and the log level add)."""
-    return cmd[cmd.index("--tokenizer") + 2 :]
+    """The command after --tokenizer's pair (what the secrets and the log level add), without the break-even's
+    pair (--handoff-slow-seconds, tests/operator/test_op_router_breakeven.py)."""
+    out = cmd[cmd.index("--tokenizer") + 2 :]
+    if "--handoff-slow-seconds" in out:
+        at = out.index("--handoff-slow-seconds")
+        del out[at : at + 2]
+    return out
 
 
 @pytest.mark.parametrize(
