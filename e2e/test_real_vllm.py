@@ -78,7 +78,8 @@ def manifest(ns: str, hf_home: Path, tokenizer: Path) -> dict[str, Any]:
 
 
 def scrape(url: str) -> str:
-    r = httpx.get(url + "/metrics", timeout=10.0)
+    """A /metrics page; a CPU engine busy with prompts on 2 shared cores can take many seconds to answer one."""
+    r = httpx.get(url + "/metrics", timeout=30.0)
     r.raise_for_status()
     return r.text
 
@@ -375,11 +376,19 @@ async def scale_down_under_load(stack: Deployed, clients: int = LOAD_CLIENTS, li
                 counts["errors"][key] = counts["errors"].get(key, 0) + 1
 
     before = await asyncio.to_thread(served, removed)
+
+    def took_some() -> float:
+        """Prompts the pod to go computed of this load (0 while a busy CPU engine answers /metrics late)."""
+        try:
+            taken = served(removed) - before
+        except httpx.TimeoutException:
+            return 0.0
+        return taken if taken >= 2 else 0.0
+
     async with httpx.AsyncClient(timeout=TIMEOUT) as http:
         tasks = [asyncio.create_task(client(http, i)) for i in range(clients)]
         try:
-            await wait_until(f"{removed} to take some of the load", lambda: served(removed) - before >= 2, 90)
-            counts["served_by_removed"] = await asyncio.to_thread(served, removed) - before
+            counts["served_by_removed"] = await wait_until(f"{removed} to take some of the load", took_some, 90)
             counts["sent_before_patch"] = counts["sent"]
             patch = json.dumps({"spec": {"prefill": {"replicas": 1}}})
             await asyncio.to_thread(kubectl, "patch", "dd", NAME, "-n", stack.ns, "--type", "merge", "-p", patch)
