@@ -312,8 +312,7 @@ class Worker:
                 delay = await self._injected(remote)
                 _, handshake = await pull_blocks(self._session, remote)
                 if (problem := self.handshake_problem(handshake)) is not None:
-                    where = f"{remote.engine_id} at {remote.host}:{remote.port}"
-                    raise ApiError(f"KV transfer from {where} failed: {problem}", status=500)
+                    raise failed_pull(remote, problem)
                 return {"tp_size": remote.tp_size, "xpyd_nvlink_domain": remote.nvlink_domain,
                         "xpyd_node_name": remote.node_name, "fault_delay": delay}  # fmt: skip
             assert req.bootstrap is not None
@@ -338,8 +337,7 @@ class Worker:
         if delay > 0:
             await asyncio.sleep(delay)
         if fails:
-            raise ApiError(f"KV transfer from {remote.engine_id} at {remote.host}:{remote.port} failed: NIXL read "
-                           "failed (injected by --fault-kv-pull-fail-from)", status=500)  # fmt: skip
+            raise failed_pull(remote, "NIXL read failed (injected by --fault-kv-pull-fail-from)")
         return delay
 
     async def _remote_prefill(self, req: ParsedRequest, remote: RemoteKv | None, now: float, rank: int) -> Sequence:
@@ -409,6 +407,11 @@ class Worker:
             "remote_port": self.cfg.side_channel_port,
             **self._placement(),
         }
+
+
+def failed_pull(remote: RemoteKv, problem: str) -> ApiError:
+    """A KV pull that failed, answered as vLLM's decode answers a failed KV load (HTTP 500)."""
+    return ApiError(f"KV transfer from {remote.engine_id} at {remote.host}:{remote.port} failed: {problem}", status=500)
 
 
 def handoff_facts(cfg: EmulatorConfig) -> handoff.HandoffFacts:
