@@ -4,7 +4,8 @@
 - ``saturation``: a saturation rule like llm-d's variant autoscaler (KV cache < 0.8, queue < 5 per
   replica), each pool on its own;
 - ``planner``: a Planner-style ``sla`` rule from Dynamo's published design: per-replica throughput
-  interpolated from a profile at the TTFT/ITL targets, a load predictor, correction factors.
+  interpolated from a profile at the TTFT/ITL targets, a load predictor, correction factors;
+- ``ReactiveBound``: a reference, not a peer: about the most a policy reacting to measured load reaches.
 
 The simulator looks policies up by name in ``xpyd_operator.autoscaling.policy.AUTOSCALERS``;
 ``bench.baselines.register()`` adds these.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from xpyd_operator.autoscaling.guards import health, is_fresh, window_max
+from xpyd_operator.autoscaling.slo import SloPolicy
 from xpyd_operator.autoscaling.slomodel import ReplicaPerf, trend
 from xpyd_operator.autoscaling.types import (
     PREFILL,
@@ -269,3 +271,22 @@ def _predict(points: Sequence[tuple[float, float]], horizon: float) -> float:
 
 def _bounded(correction: float) -> float:
     return min(4.0, max(0.25, correction))
+
+
+class ReactiveBound(SloPolicy):
+    """A reference, not a contender: the SLO policy, except that whenever it would grow a pool the pool
+    goes to its bound at once. It sees a rise when the SLO policy does and then holds the most any policy
+    could, so its attainment is about the most a policy that reacts to measured load reaches."""
+
+    name = "reactive-bound"
+
+    def decide(self, inputs: PolicyInputs, state: Mapping[str, PoolState], now: float) -> Decision:
+        d = super().decide(inputs, state, now)
+        pools = {
+            role: replace(dec, desired=inputs.bounds[role].max_replicas)
+            if dec.desired > inputs.pools[role].replicas
+            else dec
+            for role, dec in d.pools.items()
+        }
+        states = {role: replace(st, last_desired=pools[role].desired) for role, st in d.state.items()}
+        return replace(d, pools=pools, state=states)

@@ -352,6 +352,25 @@ def test_a_manual_edit_is_the_new_target() -> None:
     assert d.pools["prefill"].desired == 6 and d.pools["prefill"].reason == "stabilizing"
 
 
+@pytest.mark.parametrize(
+    ("role", "age", "want", "reason"),
+    [
+        ("prefill", 120.0, 4, "stabilizing"),  # arrivals: the size the user set holds a whole window (300 s)
+        ("prefill", 299.0, 4, "stabilizing"),
+        ("prefill", 301.0, 1, "scale-down"),
+        ("decode", 59.0, 4, "stabilizing"),  # what it holds: a minute of samples shows it
+        ("decode", 61.0, 1, "scale-down"),
+    ],
+)
+def test_a_size_the_user_set_holds_a_window_in_prefill_a_minute_in_decode(
+    role: str, age: float, want: int, reason: str
+) -> None:
+    # started (or edited) at 4 replicas `age` s ago, fresh data since, next to no load on either pool
+    started = PoolState(fresh_since=NOW - age, last_desired=4)
+    d = SloPolicy().decide(inputs(busy_prefill(4, 100.0), light_decode(4)), {role: started}, NOW)
+    assert (d.pools[role].desired, d.pools[role].reason) == (want, reason)
+
+
 def test_stabilization_keeps_the_window_max() -> None:
     # while a backlog is still being served, the window's recommendations stand
     st = {

@@ -1,13 +1,16 @@
-"""The saturation and Planner-style baselines the SLO frontier compares with: their rules, table-driven."""
+"""The saturation and Planner-style baselines the SLO frontier compares with, and its reactive bound: their rules,
+table-driven."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from bench.baselines.autoscalers import PlannerPolicy, SaturationPolicy, profile
+from bench.baselines.autoscalers import PlannerPolicy, ReactiveBound, SaturationPolicy, profile
 
-from xpyd_api.models import SloSpec
+from xpyd_api.models import DisaggregatedDeploymentSpec, SloSpec
+from xpyd_operator.autoscaling.slo import SloPolicy
+from xpyd_operator.autoscaling.slomodel import replica_perfs
 from xpyd_operator.autoscaling.types import PolicyInputs, PoolBounds, PoolObservation, PoolState
 
 NOW = 1_000.0
@@ -71,3 +74,23 @@ def test_planner_waits_between_adjustments_and_holds_without_data() -> None:
     blind = PolicyInputs({"prefill": obs(3), "decode": obs(2)}, BOUNDS, slo=SLO)
     d = PlannerPolicy(profiles).decide(blind, {}, NOW)
     assert (d.pools["prefill"].desired, d.pools["decode"].desired) == (3, 2)
+
+
+def test_the_reactive_bound_grows_to_the_bound_where_the_slo_policy_grows() -> None:
+    spec = DisaggregatedDeploymentSpec.model_validate(
+        {
+            "model": {"name": "meta-llama/Llama-3.1-70B-Instruct"},
+            "topology": {"kind": "HGX-B200"},
+            "prefill": {"replicas": 2, "gpusPerReplica": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 16}},
+            "decode": {"replicas": 2, "gpusPerReplica": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 16}},
+        }
+    )
+    perf = replica_perfs(spec)
+    prefill = obs(2, prompt_tokens_rate=400_000.0, request_rate=200.0, prefix_hit_ratio=0.0)
+    decode = obs(2, running=20.0, kv_usage=0.01)
+    inputs = PolicyInputs({"prefill": prefill, "decode": decode}, BOUNDS, slo=SLO, perf=perf)
+    slo = SloPolicy().decide(inputs, {}, NOW)
+    bound = ReactiveBound().decide(inputs, {}, NOW)
+    assert 2 < slo.pools["prefill"].desired < 16  # the SLO policy grows prefill by its model ...
+    assert bound.pools["prefill"].desired == 16 == bound.state["prefill"].last_desired  # ... the bound to the max
+    assert bound.pools["decode"] == slo.pools["decode"]  # where it would not grow, it is the SLO policy

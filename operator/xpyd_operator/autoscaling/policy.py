@@ -166,7 +166,7 @@ class XpydPolicy:
             step = max(beh.scale_up_max_step, n)
             return self._bounded(b, n, min(rec, n + step), "scale-up", why), st
         if rec < n:
-            return self._down(b, n, st, why, now, beh), st
+            return self._down(b, n, st, why, now, beh, self._settle_seconds(role, beh)), st
         return self._bounded(b, n, n, "hold", why), st
 
     def _recommend(
@@ -180,17 +180,20 @@ class XpydPolicy:
         rec, why = recommend(role, obs, t)
         return rec, why, st
 
-    def _settle_seconds(self, beh: Behavior) -> float:
-        """Unbroken fresh data needed before a first scale-down (a whole window: thresholds need history)."""
+    def _settle_seconds(self, role: str, beh: Behavior) -> float:
+        """Unbroken fresh data a pool needs before its first scale-down after a start or a manual edit (a
+        whole window: thresholds need history, and a size the user set holds that long)."""
         return beh.stabilization_seconds
 
     def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
         """Whether latency is over target now (growth then skips the flap guard)."""
         return slo_breached(role, obs, inputs.targets)
 
-    def _down(self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior) -> PoolDecision:
+    def _down(
+        self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior, settle_s: float
+    ) -> PoolDecision:
         window, cool = beh.stabilization_seconds, beh.scale_down_cooldown_seconds
-        if st.fresh_since is None or now - st.fresh_since < self._settle_seconds(beh):
+        if st.fresh_since is None or now - st.fresh_since < settle_s:
             return self._bounded(b, n, n, "stabilizing", f"{why}; waiting for a full window of data")
         target = window_max(st.recommendations)
         if target >= n:

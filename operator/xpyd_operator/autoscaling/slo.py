@@ -62,7 +62,7 @@ ITL_MARGIN: Final = 0.9  # plan the decode step this far under the ITL target (r
 OBSERVED_Q: Final = 0.9  # the quantile the engines' latency is scraped at (p90)
 DEMAND_POINTS: Final = 12  # demand samples kept for the trend
 DEFAULT_PROMPT: Final = 2048.0
-SETTLE_S: Final = 60.0  # fresh data needed before the first scale-down
+SETTLE_S: Final = 60.0  # fresh data decode needs before its first scale-down (prefill: a window)
 GROWTH: Final = 1.3  # context a running sequence still adds, as a share of what it holds
 MEMORY_WINDOWS: Final = 4.0  # the burst memory, in stabilization windows
 
@@ -221,7 +221,9 @@ class SloPolicy(XpydPolicy):
                 states[role] = replace(st, pending_since=now)
         return replace(decision, state=states)
 
-    def _down(self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior) -> PoolDecision:
+    def _down(
+        self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior, settle_s: float
+    ) -> PoolDecision:
         # The model sized every recommendation in the window for its demand: down to the window's max at once
         # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for. While
         # bursts recur, not below the highest one in memory: the next one would find the pool short.
@@ -235,7 +237,7 @@ class SloPolicy(XpydPolicy):
             beh = replace(
                 beh, stabilization_seconds=min(beh.stabilization_seconds, st.ready_seconds or DEFAULT_READY_S)
             )
-        return super()._down(b, n, st, why, now, replace(beh, scale_down_max_fraction=1.0))
+        return super()._down(b, n, st, why, now, replace(beh, scale_down_max_fraction=1.0), settle_s)
 
     def _remember(
         self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, need: int, now: float
@@ -253,8 +255,13 @@ class SloPolicy(XpydPolicy):
             st = replace(st, recommendations=tuple((t, r) for t, r in st.recommendations if t > keep))
         return st
 
-    def _settle_seconds(self, beh: Behavior) -> float:
-        # The model, not a window of history, says what the load needs: a few samples suffice.
+    def _settle_seconds(self, role: str, beh: Behavior) -> float:
+        # Decode is sized from what it holds (sequences, KV), which a few samples show and which grows no
+        # faster than prefill passes it on: a minute suffices. Prefill is sized from arrivals, and the first
+        # minutes of a load say little of its bursts (the next may come after quiet minutes), so the size
+        # the user set holds a whole window, as in the threshold policy, until the burst memory has history.
+        if role == PREFILL:
+            return beh.stabilization_seconds
         return min(beh.stabilization_seconds, SETTLE_S)
 
     def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
