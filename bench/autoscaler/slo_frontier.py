@@ -1,9 +1,10 @@
-"""SLO frontier: every autoscaling policy, a few settings each, on five loads; attainment against GPU-hours.
+"""SLO frontier: every autoscaling policy, a few settings each, on seven loads; attainment against GPU-hours.
 
     .venv/bin/python bench/autoscaler/slo_frontier.py [--duration 1800] [--quick] [--load NAME]
 
 The simulator replays each load (the Azure conversation and code traces, the Mooncake trace, a
-bursty synthetic with a 10x spike, a diurnal synthetic) under xpyd's SLO policy, xpyd's threshold
+bursty synthetic with a 10x spike, a diurnal synthetic, and two shapes added after the policy was
+written: 5x spikes every 6 minutes, a linear ramp) under xpyd's SLO policy, xpyd's threshold
 policy and the peers' rules (bench/baselines: KEDA-style queue rule, llm-d-style saturation rule,
 Planner-style sla rule, profiled from the simulator's own step timings). The SLO is TTFT p95 <= 1 s
 and ITL p95 <= 50 ms for 99 % of requests; a request meets it when its TTFT and its mean ITL are
@@ -103,16 +104,24 @@ def loads(duration: float) -> list[Load]:
     def diurnal(t: float) -> float:
         return 3.0 + 30.0 * (1 - math.cos(2 * math.pi * t / duration)) / 2
 
+    def recurring(t: float) -> float:
+        return 30.0 if t % 360.0 >= 270.0 else 6.0
+
+    def ramp(t: float) -> float:
+        return 2.0 + 28.0 * t / duration
+
     return [
         Load("azure-conv", trace("AzureLLMInferenceTrace_conv.csv", 4), "Azure conversation trace, x4 overlaid"),
         Load("azure-code", trace("AzureLLMInferenceTrace_code.csv", 2), "Azure code trace, x2 overlaid"),
         Load("mooncake", trace("conversation_trace.jsonl", 1), "Mooncake conversation trace, x1"),
         Load("bursty", list(shaped(bursty, 60.0, duration, 1)), "6 req/s with a 2-minute 10x spike (60 req/s)"),
         Load("diurnal", list(shaped(diurnal, 33.0, duration, 2)), "3 to 33 req/s and back, one cosine period"),
+        Load("recurring", list(shaped(recurring, 30.0, duration, 3)), "6 req/s with a 90-s 5x spike every 6 minutes"),
+        Load("ramp", list(shaped(ramp, 30.0, duration, 4)), "a linear ramp from 2 to 30 req/s"),
     ]
 
 
-LOAD_NAMES = ("azure-conv", "azure-code", "mooncake", "bursty", "diurnal")
+LOAD_NAMES = ("azure-conv", "azure-code", "mooncake", "bursty", "diurnal", "recurring", "ramp")
 
 
 def settings(quick: bool) -> list[Setting]:

@@ -17,9 +17,10 @@ Demand is extrapolated along its recent trend by the measured time to Ready, or 
 was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
 from TTFT only in a steady state (all replicas Ready, no backlog). Moving the sizes (up at once, down
 straight to the stabilization window's maximum, cooldowns, flap guard, no move on missing data, a
-manual edit taken as the new target) is XpydPolicy's, with two exceptions: a one-off transient, once
-served, is released after a replica's time to Ready rather than a window; and while bursts recur (two
-of comparable height within MEMORY_WINDOWS windows) the pool keeps the highest one in memory.
+manual edit taken as the new target) is XpydPolicy's, except that decode may first shrink after a minute
+of fresh data rather than a window (prefill holds the size the user set a whole window), and that while
+bursts recur (two of comparable height within MEMORY_WINDOWS windows) the pool keeps the highest one in
+memory.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
@@ -225,35 +226,20 @@ class SloPolicy(XpydPolicy):
         self, b: PoolBounds, n: int, st: PoolState, why: str, now: float, beh: Behavior, settle_s: float
     ) -> PoolDecision:
         # The model sized every recommendation in the window for its demand: down to the window's max at once
-        # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for. While
-        # bursts recur, not below the highest one in memory: the next one would find the pool short.
-        # A turn down after a one-off transient waits a replica's time to Ready, not a window: recurring
-        # bursts, the flapping the guard is for, are held by the floor instead.
+        # (as HPA moves), not in fractions, or the pool pays for replicas no recommendation asked for. A
+        # burst's capacity is held for the window (the first of a series looks like a one-off until the next
+        # comes), and while bursts recur, not below the highest one in memory: the next one would find the
+        # pool short.
         floor = burst_floor(st.needs)
         if floor is not None:
             st = replace(st, recommendations=(*st.recommendations, (now, floor)))
             why = f"{why}; bursts recur, up to {floor}"
-        else:
-            beh = replace(
-                beh, stabilization_seconds=min(beh.stabilization_seconds, st.ready_seconds or DEFAULT_READY_S)
-            )
         return super()._down(b, n, st, why, now, replace(beh, scale_down_max_fraction=1.0), settle_s)
 
-    def _remember(
-        self, role: str, obs: PoolObservation, inputs: PolicyInputs, st: PoolState, need: int, now: float
-    ) -> PoolState:
-        """Keep `need` in the burst memory; once a transient is served (all replicas Ready, no backlog) and
-        bursts do not recur, forget the window's recommendations older than a replica's time to Ready: the
-        model sized them for demand that is gone, and what they asked for comes back within that time."""
-        needs = remember(
-            st.needs, now, inputs.bounds[role].clamp(need), MEMORY_WINDOWS * inputs.behavior.stabilization_seconds
-        )
-        st = replace(st, needs=needs)
-        served = obs.ready >= obs.replicas and (obs.waiting or 0.0) <= obs.ready
-        if served and burst_floor(needs) is None:
-            keep = now - (st.ready_seconds or DEFAULT_READY_S)
-            st = replace(st, recommendations=tuple((t, r) for t, r in st.recommendations if t > keep))
-        return st
+    def _remember(self, role: str, inputs: PolicyInputs, st: PoolState, need: int, now: float) -> PoolState:
+        """Keep `need` in the burst memory (the sizes asked for over MEMORY_WINDOWS windows)."""
+        memory = MEMORY_WINDOWS * inputs.behavior.stabilization_seconds
+        return replace(st, needs=remember(st.needs, now, inputs.bounds[role].clamp(need), memory))
 
     def _settle_seconds(self, role: str, beh: Behavior) -> float:
         # Decode is sized from what it holds (sequences, KV), which a few samples show and which grows no
@@ -283,7 +269,7 @@ class SloPolicy(XpydPolicy):
             need, msg, st = self._prefill(obs, inputs, perf, slo, st, now)
         else:
             need, msg, st = self._decode(obs, inputs, perf, slo, st, now)
-        return need, msg, self._remember(role, obs, inputs, st, need, now)
+        return need, msg, self._remember(role, inputs, st, need, now)
 
     def _prefill(
         self, obs: PoolObservation, inputs: PolicyInputs, perf: ReplicaPerf, slo: SloSpec, st: PoolState, now: float
