@@ -2,7 +2,8 @@
 the router holds the requests that arrive, the autoscaler reads the held count from the real
 Prometheus and starts the pools, and every held request is answered once they are up (none lost).
 Then, idle past the stabilization window, the autoscaler takes both pools back to zero on its own,
-the model stays listed, and a second round of held requests wakes them again.
+the model stays listed, and a second round of held requests wakes them again. Once under the threshold
+policy, once under the SLO policy (spec.slo).
 
 Needs the cluster named by KUBECONFIG with a Prometheus that discovers annotated pods (the local
 harness starts one at http://127.0.0.1:9090; elsewhere set XPYD_PROMETHEUS_URL).
@@ -48,23 +49,24 @@ spec:
     gpusPerReplica: 1
     autoscaling: {{minReplicas: 0, maxReplicas: 2}}
   router: {{replicas: 1, policy: kv-aware}}
-  autoscaling:
+{slo}  autoscaling:
     enabled: true
     prometheusUrl: {prometheus}
     intervalSeconds: 5
     stabilizationSeconds: {stabilization}
 """
 STABILIZATION_S = 20  # idle this long (plus the load's rate windows), the pools go back to zero
+POLICIES = {"threshold": (NAME, ""), "slo": (f"{NAME}-slo", "  slo: {ttftSeconds: 1, itlSeconds: 0.05}\n")}
 
 
 @pytest.fixture(scope="module")
 def namespace() -> Iterator[str]:
-    with chart_namespace("xpyd-zero", RELEASE, NAME) as ns:
+    with chart_namespace("xpyd-zero", RELEASE, *(name for name, _ in POLICIES.values())) as ns:
         yield ns
 
 
-def replicas(ns: str, role: str) -> int:
-    sts = get_json("statefulset", f"{NAME}-{role}", "-n", ns) or {}
+def replicas(ns: str, name: str, role: str) -> int:
+    sts = get_json("statefulset", f"{name}-{role}", "-n", ns) or {}
     return int(sts.get("spec", {}).get("replicas", -1))
 
 
@@ -77,14 +79,18 @@ async def _complete(session: aiohttp.ClientSession, url: str, i: int) -> tuple[i
 
 
 @pytest.mark.timeout(900)
-async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace: str) -> None:
-    ns = namespace
-    manifest = DD.format(name=NAME, ns=ns, model=MODEL, prometheus=PROMETHEUS, stabilization=STABILIZATION_S)
+@pytest.mark.parametrize("policy", list(POLICIES))
+async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace: str, policy: str) -> None:
+    ns, (name, slo) = namespace, POLICIES[policy]
+    manifest = DD.format(name=name, ns=ns, model=MODEL, prometheus=PROMETHEUS, stabilization=STABILIZATION_S, slo=slo)
     kubectl("apply", "-f", "-", stdin=manifest)
-    await wait_until("both pools' StatefulSets at zero", lambda: replicas(ns, "prefill") == replicas(ns, "decode") == 0,
-                     120)  # fmt: skip
+
+    def at_zero() -> bool:
+        return replicas(ns, name, "prefill") == replicas(ns, name, "decode") == 0
+
+    await wait_until("both pools' StatefulSets at zero", at_zero, 120)
     # The router is ready with no worker (it takes the requests that wake the pools) and lists the model.
-    router = (await wait_until("a ready router", lambda: pod_urls(ns, NAME, "router"), 180))[0]
+    router = (await wait_until("a ready router", lambda: pod_urls(ns, name, "router"), 180))[0]
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
@@ -108,22 +114,23 @@ async def test_requests_held_at_zero_are_answered_once_the_pools_wake(namespace:
             cold_starts.append(time.monotonic() - t0)
             assert [status for status, _ in answers] == [200] * HELD, answers  # none lost, none refused
             assert await listed() == [MODEL]  # and now from a worker
-            assert replicas(ns, "prefill") >= 1 and replicas(ns, "decode") >= 1
+            assert replicas(ns, name, "prefill") >= 1 and replicas(ns, name, "decode") >= 1
             if round_ == 0:
                 t_idle = time.monotonic()
-                await wait_until("both pools back at zero once idle",
-                                 lambda: replicas(ns, "prefill") == replicas(ns, "decode") == 0,
-                                 STABILIZATION_S + 240)  # fmt: skip
+                await wait_until("both pools back at zero once idle", at_zero, STABILIZATION_S + 240)
                 idle_to_zero = time.monotonic() - t_idle
                 assert await listed() == [MODEL]  # at zero again, the model is still listed
     # The dashboards' scale-to-zero panels (held requests, their outcomes, pools woken) have data for it.
-    failures = await asyncio.to_thread(panel_failures, PROMETHEUS, [(ns, NAME)], 900.0, (), "scale-to-zero")
+    failures = await asyncio.to_thread(panel_failures, PROMETHEUS, [(ns, name)], 900.0, (), "scale-to-zero")
     assert not failures, "\n".join(failures)
-    dd = get_json("dd", NAME, "-n", ns) or {}
+    dd = get_json("dd", name, "-n", ns) or {}
     auto = (dd.get("status") or {}).get("autoscaler") or {}
     reasons = {role: (auto.get(role) or {}).get("reason") for role in ("prefill", "decode")}
+    if slo:  # the SLO policy sized the pools between the wakes (what it learnt is in status), not the thresholds
+        assert all("sloCorrection" in (auto.get(role) or {}) for role in ("prefill", "decode")), auto
+    kubectl("delete", "dd", name, "-n", ns, "--wait=false", check=False)  # its pods make room for the next
     starts = " and ".join(f"{s:.1f} s" for s in cold_starts)
     print(
-        f"cold starts from zero: {starts} for {HELD} held requests each; idle to zero in {idle_to_zero:.0f} s "
-        f"(stabilization {STABILIZATION_S} s); autoscaler: {reasons}"
+        f"{policy}: cold starts from zero: {starts} for {HELD} held requests each; idle to zero in"
+        f" {idle_to_zero:.0f} s (stabilization {STABILIZATION_S} s); autoscaler: {reasons}"
     )

@@ -371,6 +371,27 @@ def test_a_size_the_user_set_holds_a_window_in_prefill_a_minute_in_decode(
     assert (d.pools[role].desired, d.pools[role].reason) == (want, reason)
 
 
+@pytest.mark.parametrize(
+    ("minimum", "prefill_rate", "decode_running", "held", "want"),
+    [
+        (0, 0.0, 0.0, 0.0, {"prefill": 0, "decode": 0}),  # idle, minReplicas 0: both to zero
+        (1, 0.0, 0.0, 0.0, {"prefill": 1, "decode": 1}),  # idle, minReplicas 1: the floor
+        (0, 0.0, 5.0, 0.0, {"prefill": 0, "decode": 1}),  # answers still streaming: decode stays
+        (0, 1000.0, 0.0, 0.0, {"prefill": 1, "decode": 1}),  # prompts computed: their answers are on the way
+        (0, 0.0, 0.0, 3.0, {"prefill": 1, "decode": 1}),  # requests held in the router: not idle
+    ],
+)
+def test_an_idle_pool_goes_to_its_minimum_zero_included(
+    minimum: int, prefill_rate: float, decode_running: float, held: float, want: dict[str, int]
+) -> None:
+    bounds = {role: PoolBounds(minimum, 16, 8) for role in ("prefill", "decode")}
+    prefill = busy_prefill(1, prefill_rate, held=held)
+    decode = obs(1, running=decode_running, kv_usage=0.01 if decode_running else 0.0, held=held)
+    i = PolicyInputs({"prefill": prefill, "decode": decode}, bounds, slo=SLO, perf=PERF)
+    d = SloPolicy().decide(i, {"prefill": settled(1), "decode": settled(1)}, NOW)
+    assert {role: p.desired for role, p in d.pools.items()} == want
+
+
 def test_stabilization_keeps_the_window_max() -> None:
     # while a backlog is still being served, the window's recommendations stand
     st = {

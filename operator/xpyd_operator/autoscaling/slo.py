@@ -193,6 +193,11 @@ def burst_floor(needs: Sequence[tuple[float, int]]) -> int | None:
     return top if len(comparable) >= 2 else None
 
 
+def idle(obs: PoolObservation) -> bool:
+    """Whether a pool has nothing to do: none running, none queued, none held in the router for a worker."""
+    return not obs.running and not obs.waiting and not obs.held
+
+
 def learnt(correction: float, attainment: float, ready_s: float) -> str:
     """What the policy has learnt so far, as its messages say it."""
     return f"correction x{correction:.2f}; predicted attainment {attainment:.1%}; ready in ~{ready_s:.0f}s"
@@ -303,6 +308,8 @@ class SloPolicy(XpydPolicy):
         q = planned_quantile(slo)
         top = inputs.bounds[PREFILL].max_replicas
         need, ttft, attain = size_prefill(perf, c, new_tokens, demand, budget, q, top, capacity)
+        if idle(obs) and demand <= 0:
+            need = 0  # no prompt to compute: the pool's minReplicas (0 lets it go to zero; held requests wake it)
         st = replace(st, correction=c, predicted=round(attain, 4))
         msg = (
             f"slo: {obs.prompt_tokens_rate:.0f} prompt tok/s, hit {hit:.0%}, demand {demand:.0f} tok/s -> {need}"
@@ -330,6 +337,8 @@ class SloPolicy(XpydPolicy):
         demand, st = ahead(st, now, sequences + upstream, ready_s, inputs.behavior.stabilization_seconds)
         top = inputs.bounds[DECODE].max_replicas
         need, itl, limit = size_decode(perf, c, demand, context, slo.itl_seconds, top)
+        if idle(obs) and demand <= 0 and (prefill is None or (idle(prefill) and not prefill.prompt_tokens_rate)):
+            need, limit = 0, "idle"  # nothing to decode, nothing on its way: the pool's minReplicas
         attain = 1.0 if itl <= slo.itl_seconds else slo.itl_seconds / itl
         st = replace(st, correction=c, predicted=round(attain, 4))
         msg = (
