@@ -248,18 +248,19 @@ def test_a_growing_queue_is_demand_the_served_rate_does_not_show() -> None:
 
 
 @pytest.mark.parametrize(
-    ("replicas", "ready", "waiting", "learns"),
+    ("replicas", "ready", "waiting", "before", "learns"),
     [
-        (2, 2, 0.0, True),  # steady: the engines' TTFT says how far off the model is
-        (4, 2, 0.0, False),  # replicas starting: TTFT is the wait for them
-        (2, 2, 50.0, False),  # a backlog: TTFT is its wait, not the model's error
+        (2, 2, 0.0, 0.0, True),  # steady: the engines' TTFT says how far off the model is
+        (4, 2, 0.0, 0.0, False),  # replicas starting: TTFT is the wait for them
+        (2, 2, 50.0, 0.0, False),  # a backlog: TTFT is its wait, not the model's error
+        (2, 2, 0.0, 50.0, False),  # a backlog just drained: the interval's TTFT is still its wait
     ],
 )
 def test_the_prefill_correction_is_learnt_in_a_steady_state(
-    replicas: int, ready: int, waiting: float, learns: bool
+    replicas: int, ready: int, waiting: float, before: float, learns: bool
 ) -> None:
     pool = busy_prefill(replicas, 20_000.0, ready=ready, waiting=waiting, ttft_p90=0.9)
-    d = SloPolicy().decide(inputs(pool, light_decode(2)), {}, NOW)
+    d = SloPolicy().decide(inputs(pool, light_decode(2)), {"prefill": PoolState(queue=(NOW - 15, before))}, NOW)
     assert (d.state["prefill"].correction != 1.0) is learns
 
 
@@ -353,21 +354,24 @@ def test_a_manual_edit_is_the_new_target() -> None:
 
 
 @pytest.mark.parametrize(
-    ("role", "age", "want", "reason"),
+    ("role", "rate", "age", "want", "reason"),
     [
-        ("prefill", 120.0, 4, "stabilizing"),  # arrivals: the size the user set holds a whole window (300 s)
-        ("prefill", 299.0, 4, "stabilizing"),
-        ("prefill", 301.0, 1, "scale-down"),
-        ("decode", 59.0, 4, "stabilizing"),  # what it holds: a minute of samples shows it
-        ("decode", 61.0, 1, "scale-down"),
+        ("prefill", 100.0, 120.0, 4, "stabilizing"),  # arrivals: the size the user set holds a window (300 s)
+        ("prefill", 100.0, 299.0, 4, "stabilizing"),
+        ("prefill", 100.0, 301.0, 1, "scale-down"),
+        # what it holds: a few sequence lifetimes (20 running / requests per second), a minute at most
+        ("decode", 100.0, 59.0, 4, "stabilizing"),  # 0.05 req/s: 400 s each, so the minute
+        ("decode", 100.0, 61.0, 1, "scale-down"),
+        ("decode", 20_000.0, 5.0, 4, "stabilizing"),  # 10 req/s: 2 s each, 6 s to settle
+        ("decode", 20_000.0, 7.0, 1, "scale-down"),
     ],
 )
-def test_a_size_the_user_set_holds_a_window_in_prefill_a_minute_in_decode(
-    role: str, age: float, want: int, reason: str
+def test_a_size_the_user_set_holds_a_window_in_prefill_a_few_sequence_lifetimes_in_decode(
+    role: str, rate: float, age: float, want: int, reason: str
 ) -> None:
-    # started (or edited) at 4 replicas `age` s ago, fresh data since, next to no load on either pool
+    # started (or edited) at 4 replicas `age` s ago, fresh data since, light load on both pools
     started = PoolState(fresh_since=NOW - age, last_desired=4)
-    d = SloPolicy().decide(inputs(busy_prefill(4, 100.0), light_decode(4)), {role: started}, NOW)
+    d = SloPolicy().decide(inputs(busy_prefill(4, rate), light_decode(4)), {role: started}, NOW)
     assert (d.pools[role].desired, d.pools[role].reason) == (want, reason)
 
 

@@ -166,7 +166,7 @@ class XpydPolicy:
             step = max(beh.scale_up_max_step, n)
             return self._bounded(b, n, min(rec, n + step), "scale-up", why), st
         if rec < n:
-            return self._down(b, n, st, why, now, beh, self._settle_seconds(role, beh)), st
+            return self._down(b, n, st, why, now, beh, self._settle_seconds(role, inputs)), st
         return self._bounded(b, n, n, "hold", why), st
 
     def _recommend(
@@ -180,10 +180,10 @@ class XpydPolicy:
         rec, why = recommend(role, obs, t)
         return rec, why, st
 
-    def _settle_seconds(self, role: str, beh: Behavior) -> float:
+    def _settle_seconds(self, role: str, inputs: PolicyInputs) -> float:
         """Unbroken fresh data a pool needs before its first scale-down after a start or a manual edit (a
         whole window: thresholds need history, and a size the user set holds that long)."""
-        return beh.stabilization_seconds
+        return inputs.behavior.stabilization_seconds
 
     def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
         """Whether latency is over target now (growth then skips the flap guard)."""

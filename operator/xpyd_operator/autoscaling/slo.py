@@ -15,12 +15,12 @@ from the engines' own latency. Both pools are one decision over the same traffic
 
 Demand is extrapolated along its recent trend by the measured time to Ready, or by the span the trend
 was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
-from TTFT only in a steady state (all replicas Ready, no backlog). Moving the sizes (up at once, down
-straight to the stabilization window's maximum, cooldowns, flap guard, no move on missing data, a
-manual edit taken as the new target) is XpydPolicy's, except that decode may first shrink after a minute
-of fresh data rather than a window (prefill holds the size the user set a whole window), and that while
-bursts recur (two of comparable height within MEMORY_WINDOWS windows) the pool keeps the highest one in
-memory.
+from TTFT only in a steady state (all replicas Ready, no backlog now or at the last decision). Moving
+the sizes (up at once, down straight to the stabilization window's maximum, cooldowns, flap guard, no
+move on missing data, a manual edit taken as the new target) is XpydPolicy's, except that decode may
+first shrink after a few sequence lifetimes of fresh data rather than a window (prefill holds the size
+the user set a whole window), and that while bursts recur (two of comparable height within
+MEMORY_WINDOWS windows) the pool keeps the highest one in memory. An idle pool goes to its minimum.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
@@ -63,7 +63,8 @@ ITL_MARGIN: Final = 0.9  # plan the decode step this far under the ITL target (r
 OBSERVED_Q: Final = 0.9  # the quantile the engines' latency is scraped at (p90)
 DEMAND_POINTS: Final = 12  # demand samples kept for the trend
 DEFAULT_PROMPT: Final = 2048.0
-SETTLE_S: Final = 60.0  # fresh data decode needs before its first scale-down (prefill: a window)
+SETTLE_S: Final = 60.0  # fresh data decode needs at most before its first scale-down (prefill: a window)
+LIFETIMES: Final = 3.0  # sequence lifetimes for decode's gauges to settle (a transient decays to e^-3)
 GROWTH: Final = 1.3  # context a running sequence still adds, as a share of what it holds
 MEMORY_WINDOWS: Final = 4.0  # the burst memory, in stabilization windows
 
@@ -193,6 +194,16 @@ def burst_floor(needs: Sequence[tuple[float, int]]) -> int | None:
     return top if len(comparable) >= 2 else None
 
 
+def sequence_lifetime(inputs: PolicyInputs) -> float:
+    """Seconds a sequence stays in decode (Little's law: sequences running / requests per second through
+    prefill); infinite where either is not measured."""
+    decode, prefill = inputs.pools.get(DECODE), inputs.pools.get(PREFILL)
+    rate = prefill.request_rate if prefill is not None else None
+    if decode is None or decode.running is None or not rate or rate <= 0:
+        return math.inf
+    return decode.running / rate
+
+
 def idle(obs: PoolObservation) -> bool:
     """Whether a pool has nothing to do: none running, none queued, none held in the router for a worker."""
     return not obs.running and not obs.waiting and not obs.held
@@ -246,14 +257,16 @@ class SloPolicy(XpydPolicy):
         memory = MEMORY_WINDOWS * inputs.behavior.stabilization_seconds
         return replace(st, needs=remember(st.needs, now, inputs.bounds[role].clamp(need), memory))
 
-    def _settle_seconds(self, role: str, beh: Behavior) -> float:
-        # Decode is sized from what it holds (sequences, KV), which a few samples show and which grows no
-        # faster than prefill passes it on: a minute suffices. Prefill is sized from arrivals, and the first
-        # minutes of a load say little of its bursts (the next may come after quiet minutes), so the size
-        # the user set holds a whole window, as in the threshold policy, until the burst memory has history.
+    def _settle_seconds(self, role: str, inputs: PolicyInputs) -> float:
+        # Prefill is sized from arrivals, and the first minutes of a load say little of its bursts (the next
+        # may come after quiet minutes), so the size the user set holds a whole window, as in the threshold
+        # policy, until the burst memory has history. Decode is sized from what it holds (sequences, KV),
+        # whose gauges settle within a few sequence lifetimes (Little's law: running / requests per second),
+        # so it waits that long, SETTLE_S at most (and where the lifetime is not measured).
+        window = inputs.behavior.stabilization_seconds
         if role == PREFILL:
-            return beh.stabilization_seconds
-        return min(beh.stabilization_seconds, SETTLE_S)
+            return window
+        return min(window, SETTLE_S, LIFETIMES * sequence_lifetime(inputs))
 
     def _breached(self, role: str, obs: PoolObservation, inputs: PolicyInputs) -> bool:
         slo = inputs.slo
@@ -290,8 +303,10 @@ class SloPolicy(XpydPolicy):
         capacity = perf.prefill_tokens_per_second()
         waiting = obs.waiting or 0.0
         # learnt in a steady state only: while replicas start or a backlog drains, TTFT is the backlog's
-        # wait, which says nothing of the model's error (and would inflate it for long after)
-        steady = obs.ready >= obs.replicas and waiting <= obs.ready
+        # wait, which says nothing of the model's error (and would inflate it for long after). The TTFT
+        # scraped now is of the requests that finished over the last interval: no backlog at its start either
+        before = st.queue[1] if st.queue is not None else 0.0
+        steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready
         if obs.ready and obs.ttft_p90 is not None and steady:
             predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
             if rho >= 0.05 and math.isfinite(predicted):
