@@ -21,6 +21,7 @@ from xpyd_operator.autoscaling.slo import (
     prefill_ttft,
     queue_growth,
     remember,
+    sequence_lifetime,
     size_decode,
     size_prefill,
 )
@@ -351,6 +352,21 @@ def test_a_manual_edit_is_the_new_target() -> None:
     st = {"prefill": settled(2), "decode": settled(2)}
     d = SloPolicy().decide(inputs(busy_prefill(6, 100.0), light_decode(2)), st, NOW)
     assert d.pools["prefill"].desired == 6 and d.pools["prefill"].reason == "stabilizing"
+
+
+@pytest.mark.parametrize(
+    ("running", "rate", "want"),
+    [
+        (20.0, 10.0, 2.0),  # Little's law: 20 in decode, 10 through per second -> 2 s each
+        (0.0, 10.0, math.inf),  # nothing running: not measured
+        (20.0, 0.0, math.inf),  # nothing through prefill: not measured
+        (20.0, None, math.inf),
+        (None, 10.0, math.inf),
+    ],
+)
+def test_sequence_lifetime(running: float | None, rate: float | None, want: float) -> None:
+    pools = {"prefill": obs(1, request_rate=rate), "decode": obs(1, running=running)}
+    assert sequence_lifetime(PolicyInputs(pools, BOUNDS)) == want
 
 
 @pytest.mark.parametrize(

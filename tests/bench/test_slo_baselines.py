@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from bench.autoscaler.slo_frontier import bench_spec, dominates, resolution
 from bench.baselines.autoscalers import PlannerPolicy, ReactiveBound, SaturationPolicy, profile
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, SloSpec
@@ -94,3 +95,27 @@ def test_the_reactive_bound_grows_to_the_bound_where_the_slo_policy_grows() -> N
     assert 2 < slo.pools["prefill"].desired < 16  # the SLO policy grows prefill by its model ...
     assert bound.pools["prefill"].desired == 16 == bound.state["prefill"].last_desired  # ... the bound to the max
     assert bound.pools["decode"] == slo.pools["decode"]  # where it would not grow, it is the SLO policy
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        ((9.90, 1.0), (10.0, 1.0), True),  # cheaper by more than the tie, as good
+        ((9.98, 1.0), (10.0, 1.0), False),  # cheaper by less than the tie: the same cost
+        ((10.02, 0.999), (10.0, 0.99), True),  # the same cost, better attainment
+        ((9.0, 0.98), (10.0, 0.99), False),  # cheaper but worse: neither dominates
+        ((10.0, 1.0), (10.0, 1.0), False),  # equal
+    ],
+)
+def test_domination_counts_costs_within_a_decision_step_as_equal(
+    a: tuple[float, float], b: tuple[float, float], want: bool
+) -> None:
+    def row(gpu_hours: float, attainment: float) -> dict[str, float]:
+        return {"gpu_hours": gpu_hours, "attainment": attainment}
+
+    assert dominates(row(*a), row(*b), tie=0.05) is want
+
+
+def test_the_tie_is_one_replica_for_one_interval() -> None:
+    spec = bench_spec(0.99)  # TP8 replicas, decided every 15 s
+    assert resolution(spec) == pytest.approx(8 * 15 / 3600)

@@ -194,7 +194,7 @@ class XpydPolicy:
     ) -> PoolDecision:
         window, cool = beh.stabilization_seconds, beh.scale_down_cooldown_seconds
         if st.fresh_since is None or now - st.fresh_since < settle_s:
-            return self._bounded(b, n, n, "stabilizing", f"{why}; waiting for a full window of data")
+            return self._bounded(b, n, n, "stabilizing", f"{why}; waiting for {settle_s:.0f}s of fresh data")
         target = window_max(st.recommendations)
         if target >= n:
             return self._bounded(b, n, n, "stabilizing", f"{why}; window max {target}")

@@ -196,10 +196,10 @@ def burst_floor(needs: Sequence[tuple[float, int]]) -> int | None:
 
 def sequence_lifetime(inputs: PolicyInputs) -> float:
     """Seconds a sequence stays in decode (Little's law: sequences running / requests per second through
-    prefill); infinite where either is not measured."""
+    prefill); infinite where either is not measured (no sequence running counts as not measured)."""
     decode, prefill = inputs.pools.get(DECODE), inputs.pools.get(PREFILL)
     rate = prefill.request_rate if prefill is not None else None
-    if decode is None or decode.running is None or not rate or rate <= 0:
+    if decode is None or decode.running is None or decode.running < 1 or not rate or rate <= 0:
         return math.inf
     return decode.running / rate
 
