@@ -49,7 +49,7 @@ class Scale:
 FULL = Scale()
 QUICK = Scale(seconds=8.0, fault_at=3.0, freeze_s=4.0, deadline_s=20.0, lease_s=3.0, fuzz_budget_s=40.0,
               pair_fault_s=4.0)  # fmt: skip
-SHORT = Scale(seconds=4.0, fault_at=1.5, freeze_s=3.0, deadline_s=20.0, lease_s=2.0, pair_fault_s=4.0)  # the tests
+SHORT = Scale(seconds=4.0, fault_at=1.5, freeze_s=3.0, deadline_s=20.0, lease_s=2.0, pair_fault_s=8.0)  # the tests
 
 
 @dataclass
