@@ -7,12 +7,15 @@ ratio band, stabilization window, staleness) and each pool's bounds act here as 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from xpyd_api.models import SLO_PERCENTILES, AutoscalingTargets, DisaggregatedDeploymentSpec, SloSpec
 from xpyd_operator.autoscaling.policy import AUTOSCALERS, make_policy
+from xpyd_operator.autoscaling.promql import RATE_WINDOW_S
 from xpyd_operator.autoscaling.spec import PoolRuntime, policy_inputs
 from xpyd_operator.autoscaling.types import PoolObservation, PoolState
 from xpyd_sim.cluster import Cluster
@@ -52,8 +55,19 @@ def slo_spec(slo: Slo) -> SloSpec:
     return SloSpec(ttft_seconds=slo.ttft_s, itl_seconds=slo.itl_s, percentile=percentile)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """One observation's cumulative counters per pool (prompt tokens, prefix hits, generated tokens; the ITL
+    histogram's counts) and the TTFTs of the requests that finished prefill since the one before."""
+
+    at: float
+    tokens: dict[str, tuple[int, int, int]]
+    ttfts: dict[str, list[float]]
+    itl: dict[str, list[int]]
+
+
 class SimScaler:
-    """One autoscaler loop: observe each pool over the last interval, ask the policy, keep its state."""
+    """One autoscaler loop: observe each pool as Prometheus shows it to the operator, ask the policy, keep its state."""
 
     def __init__(self, name: str, cluster: Cluster, slo: Slo, targets: Mapping[str, float] | None = None) -> None:
         if name not in ALIASES and name not in AUTOSCALERS:
@@ -64,31 +78,38 @@ class SimScaler:
         self.spec = scaler_spec(cluster.spec.deployment, slo, targets)
         self.state: dict[str, PoolState] = {}
         self.ttft_window: dict[str, list[float]] = {role: [] for role in cluster.spec.pools}
-        self._itl_marks: dict[str, list[int]] = {}
-        self._prompt_marks: dict[str, int] = {}
-        self._token_marks: dict[str, tuple[int, int, int]] = {}  # prompt queried, hit, generated
-        self._last = 0.0
+        # what each observation saw, newest last: the first one at or before the window's start is the base
+        # latency quantiles and the hit ratio are taken from (the operator's rate(...[1m])); the newest one,
+        # counters' rates (its irate: the chart scrapes as often as the autoscaler decides)
+        self._marks: deque[Mark] = deque([Mark(0.0, {}, {}, {})])
 
     def observe(self, now: float, itl: dict[str, Histogram]) -> dict[str, PoolObservation]:
+        """Each pool now, as the operator's PromQL sees it: gauges as they are, counters' rates since the last
+        observation (irate), latency quantiles and the prefix hit ratio over the last RATE_WINDOW_S (since the
+        start, early on)."""
+        while len(self._marks) > 1 and self._marks[1].at <= now - RATE_WINDOW_S:
+            self._marks.popleft()
+        base, last = self._marks[0], self._marks[-1]
+        span = max(now - last.at, 1e-9)
+        tokens: dict[str, tuple[int, int, int]] = {}
+        ttfts_now: dict[str, list[float]] = {}
+        itl_marks: dict[str, list[int]] = {}
         out: dict[str, PoolObservation] = {}
-        span = max(now - self._last, 1e-9)
         for role, workers in self.cluster.workers.items():
             ready = [w for w in workers if w.state == "ready"]
             live = [w for w in workers if w.state in ("ready", "draining")]
-            prompt = sum(w.stats[0] for w in self.cluster.all_workers() if w.role == role)
-            rate = (prompt - self._prompt_marks.get(role, 0)) / span
-            self._prompt_marks[role] = prompt
-            hit, generated = (sum(w.stats[i] for w in self.cluster.all_workers() if w.role == role) for i in (1, 3))
-            q0, h0, g0 = self._token_marks.get(role, (0, 0, 0))
-            self._token_marks[role] = (prompt, hit, generated)
-            finished_prefill = len(self.ttft_window[role])
-            ttfts = sorted(self.ttft_window[role])
-            self.ttft_window[role] = []
+            mine = [w for w in self.cluster.all_workers() if w.role == role]
+            prompt, hit, generated = (sum(w.stats[i] for w in mine) for i in (0, 1, 3))
+            q0, h0, _ = base.tokens.get(role, (0, 0, 0))
+            q1, _, g1 = last.tokens.get(role, (0, 0, 0))
+            tokens[role] = (prompt, hit, generated)
+            ttfts_now[role], self.ttft_window[role] = self.ttft_window[role], []
+            ttfts = sorted([t for m in list(self._marks)[1:] for t in m.ttfts.get(role, ())] + ttfts_now[role])
             hist = itl.get(role)
             itl_p90 = None
             if hist is not None:
-                itl_p90 = hist.quantile_since(0.9, self._itl_marks.get(role))
-                self._itl_marks[role] = list(hist.counts)
+                itl_p90 = hist.quantile_since(0.9, base.itl.get(role))
+                itl_marks[role] = list(hist.counts)
             out[role] = PoolObservation(
                 replicas=self.cluster.replicas(role),
                 ready=len(ready),
@@ -97,14 +118,14 @@ class SimScaler:
                 kv_usage=min(1.0, sum(w.kv_usage for w in ready) / len(ready)) if ready else None,
                 ttft_p90=ttfts[int(0.9 * (len(ttfts) - 1))] if ttfts else None,
                 itl_p90=itl_p90,
-                prompt_tokens_rate=rate,
+                prompt_tokens_rate=(prompt - q1) / span,
                 reporting=len(ready),
                 sampled_at=now,
-                generation_tokens_rate=(generated - g0) / span,
-                request_rate=finished_prefill / span,
+                generation_tokens_rate=(generated - g1) / span,
+                request_rate=len(ttfts_now[role]) / span,
                 prefix_hit_ratio=(hit - h0) / (prompt - q0) if prompt > q0 else None,
             )
-        self._last = now
+        self._marks.append(Mark(now, tokens, ttfts_now, itl_marks))
         return out
 
     def decide(self, now: float, itl: dict[str, Histogram]) -> dict[str, tuple[int, str]]:

@@ -145,3 +145,18 @@ def test_autoscaler_sees_what_prometheus_would(spec_file: Path) -> None:
     assert (obs["prefill"].waiting, obs["prefill"].running) == (2.0, 1.0)
     assert obs["prefill"].prompt_tokens_rate == pytest.approx(20_000 / 15.0)
     assert obs["decode"].kv_usage == 0.0 and obs["decode"].itl_p90 is None
+
+
+def test_autoscaler_sees_counters_per_scrape_and_latency_over_the_operators_minute(spec_file: Path) -> None:
+    """As the operator's PromQL gives them: counters' rates between the newest two observations (irate), TTFT
+    quantiles over the last RATE_WINDOW_S (rate(...[1m])): early on since the start, then from the newest
+    observation at or before a minute ago."""
+    sim = Simulation(specs.load(spec_file), [], SimConfig(autoscaler="xpyd"))
+    p0 = sim.cluster.ready("prefill")[0]
+    p0.waiting.append(SimRequest(0, 0.0, 20_000, 10, ()))
+    p0.plan(0.0)
+    sim.scaler.ttft_window["prefill"].append(0.4)
+    seen = {t: sim.scaler.observe(t, sim.itl)["prefill"] for t in (15.0, 30.0, 45.0, 60.0, 75.0)}
+    assert [seen[t].prompt_tokens_rate for t in (15.0, 30.0)] == pytest.approx([20_000 / 15, 0.0])
+    assert [seen[t].request_rate for t in (15.0, 30.0)] == pytest.approx([1 / 15, 0.0])
+    assert [seen[t].ttft_p90 for t in (15.0, 60.0, 75.0)] == [0.4, 0.4, None]  # finished by 15 s: out at 75 s

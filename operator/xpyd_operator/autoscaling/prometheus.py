@@ -14,7 +14,7 @@ import httpx
 from xpyd_api.engines import VLLM_METRICS, MetricNames
 
 from . import datapath
-from .promql import ROLE_LABEL, held_query, pool_queries
+from .promql import RATE_WINDOW, ROLE_LABEL, held_query, pool_queries
 from .types import PoolMetrics, PrometheusError
 
 
@@ -76,7 +76,7 @@ class PrometheusClient:
         roles: Collection[str],
         *,
         stale_after: float = 60.0,
-        rate_window: str = "1m",
+        rate_window: str = RATE_WINDOW,
         at: float | None = None,
         metrics: MetricNames = VLLM_METRICS,
     ) -> dict[str, PoolMetrics]:

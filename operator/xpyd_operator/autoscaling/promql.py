@@ -32,6 +32,11 @@ def _meta(label: str) -> str:
 
 
 SCRAPE_JOB: Final = "xpyd-workers"
+# Latency quantiles and the prefix hit ratio are taken over this window (`rate(...[1m])`: four of the chart's 15-s
+# scrapes), counters' rates between the newest two scrapes in it (`irate`), so that a burst shows at the next
+# decision rather than over a minute. The simulator observes the same way (xpyd_sim.scaling).
+RATE_WINDOW: Final = "1m"
+RATE_WINDOW_S: Final = 60.0
 # Engine pods carry prometheus.io/scrape, /port and /path annotations (xpyd_operator.pools);
 # the cluster harness (xpyd_cluster.prometheus) uses the same relabeling.
 SCRAPE_CONFIG: Final = f"""\
@@ -85,7 +90,7 @@ def _fresh(metric: str, sel: str, stale_after: float) -> str:
 
 
 def pool_queries(
-    namespace: str, deployment: str, stale_after: float, window: str = "1m", metrics: MetricNames = VLLM_METRICS
+    namespace: str, deployment: str, stale_after: float, window: str = RATE_WINDOW, metrics: MetricNames = VLLM_METRICS
 ) -> dict[str, str]:
     """One instant query per observation field, each answering one value per ``xpyd_role``, in the names of
     the deployment's engine (``xpyd_api.engines.METRICS``)."""
@@ -102,10 +107,10 @@ def pool_queries(
         "sampled_at": f"max {by} (timestamp({waiting}{{{sel}}}))",
         "ttft_p90": f"histogram_quantile(0.9, sum {by_le} (rate({metrics.ttft}_bucket{{{sel}}}[{window}])))",
         "itl_p90": f"histogram_quantile(0.9, sum {by_le} (rate({metrics.itl}_bucket{{{sel}}}[{window}])))",
-        "prompt_tokens_rate": f"sum {by} (rate({metrics.prompt_tokens}{{{sel}}}[{window}]))",
+        "prompt_tokens_rate": f"sum {by} (irate({metrics.prompt_tokens}{{{sel}}}[{window}]))",
         # the SLO policy's: output tokens/s, requests/s through the pool, the prefix cache's hit ratio
-        "generation_tokens_rate": f"sum {by} (rate({metrics.generation_tokens}{{{sel}}}[{window}]))",
-        "request_rate": f"sum {by} (rate({metrics.ttft}_count{{{sel}}}[{window}]))",
+        "generation_tokens_rate": f"sum {by} (irate({metrics.generation_tokens}{{{sel}}}[{window}]))",
+        "request_rate": f"sum {by} (irate({metrics.ttft}_count{{{sel}}}[{window}]))",
         **({"prefix_hit_ratio": hit} if (hit := _hit_ratio(metrics, sel, by, window)) else {}),
     }
 

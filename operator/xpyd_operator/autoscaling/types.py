@@ -44,11 +44,11 @@ class PoolMetrics:
     kv_usage: float | None = None  # mean of vllm:kv_cache_usage_perc, 0..1
     ttft_p90: float | None = None  # seconds
     itl_p90: float | None = None  # seconds
-    prompt_tokens_rate: float | None = None  # sum of rate(vllm:prompt_tokens_total), tokens/s
+    prompt_tokens_rate: float | None = None  # sum of irate(vllm:prompt_tokens_total), tokens/s
     reporting: int | None = None
     sampled_at: float | None = None
     # what the SLO policy reads beside the above (None: not scraped)
-    generation_tokens_rate: float | None = None  # sum of rate(vllm:generation_tokens_total), tokens/s
+    generation_tokens_rate: float | None = None  # sum of irate(vllm:generation_tokens_total), tokens/s
     request_rate: float | None = None  # requests/s finishing prefill (rate of the prompt-length histogram count)
     prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the interval, 0..1
     # requests the deployment's router replicas hold for a worker to start (xpyd_router_held_requests):
