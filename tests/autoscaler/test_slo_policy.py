@@ -25,6 +25,9 @@ from xpyd_operator.autoscaling.slo import (
     size_decode,
     size_prefill,
 )
+from xpyd_operator.autoscaling.slo import (
+    settled as at_one_size,
+)
 from xpyd_operator.autoscaling.slomodel import (
     CORRECTION_BOUNDS,
     ReplicaPerf,
@@ -263,6 +266,30 @@ def test_the_prefill_correction_is_learnt_in_a_steady_state(
     pool = busy_prefill(replicas, 20_000.0, ready=ready, waiting=waiting, ttft_p90=0.9)
     d = SloPolicy().decide(inputs(pool, light_decode(2)), {"prefill": PoolState(queue=(NOW - 15, before))}, NOW)
     assert (d.state["prefill"].correction != 1.0) is learns
+
+
+@pytest.mark.parametrize(
+    ("resized_ago", "ready_s", "learns"),
+    [
+        (None, None, True),  # never resized: the minute's latency is all at this size
+        (30.0, None, False),  # resized half a minute ago: the quantiles still span the old size
+        (100.0, None, False),  # ... and the new replicas' time to Ready (60 s until measured) after it
+        (130.0, None, True),  # a minute at this size since they were Ready
+        (100.0, 20.0, True),  # replicas measured Ready in 20 s: a minute at this size by 80 s
+    ],
+)
+def test_the_correction_waits_for_a_minute_of_latency_at_the_current_size(
+    resized_ago: float | None, ready_s: float | None, learns: bool
+) -> None:
+    last = None if resized_ago is None else NOW - resized_ago
+    assert at_one_size(PoolState(last_scale_time=last, ready_seconds=ready_s), NOW) is learns
+    prefill = PoolState(queue=(NOW - 15, 0.0), last_scale_time=last, ready_seconds=ready_s, last_desired=2)
+    decode = PoolState(last_scale_time=last, ready_seconds=ready_s, last_desired=2)
+    slow = light_decode(2, running=100.0, itl_p90=0.04)
+    pool = busy_prefill(2, 20_000.0, ttft_p90=0.9)
+    d = SloPolicy().decide(inputs(pool, slow), {"prefill": prefill, "decode": decode}, NOW)
+    assert (d.state["prefill"].correction != 1.0) is learns
+    assert (d.state["decode"].correction != 1.0) is learns
 
 
 # --- both pools ---------------------------------------------------------------------------------

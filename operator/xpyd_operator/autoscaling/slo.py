@@ -15,7 +15,8 @@ from the engines' own latency. Both pools are one decision over the same traffic
 
 Demand is extrapolated along its recent trend by the measured time to Ready, or by the span the trend
 was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
-from TTFT only in a steady state (all replicas Ready, no backlog now or at the last decision). Moving
+from TTFT only in a steady state (all replicas Ready, no backlog now or at the last decision, no resize within
+the minute the latency quantiles span); decode's likewise. Moving
 the sizes (up at once, down straight to the stabilization window's maximum, cooldowns, flap guard, no
 move on missing data, a manual edit taken as the new target) is XpydPolicy's, except that decode may
 first shrink after a few sequence lifetimes of fresh data rather than a window (prefill holds the size
@@ -34,6 +35,7 @@ from typing import Final
 from xpyd_api.models import SloSpec
 
 from .policy import XpydPolicy
+from .promql import RATE_WINDOW_S as LATENCY_WINDOW_S
 from .slomodel import (
     ReplicaPerf,
     corrected,
@@ -209,6 +211,13 @@ def idle(obs: PoolObservation) -> bool:
     return not obs.running and not obs.waiting and not obs.held
 
 
+def settled(st: PoolState, now: float) -> bool:
+    """Whether the latency quantiles scraped now (over the last LATENCY_WINDOW_S) are all of the pool's current
+    size: its last resize, and a new replica's time to Ready after it, are older than the window."""
+    ready_s = st.ready_seconds or DEFAULT_READY_S
+    return st.last_scale_time is None or now - st.last_scale_time >= LATENCY_WINDOW_S + ready_s
+
+
 def learnt(correction: float, attainment: float, ready_s: float) -> str:
     """What the policy has learnt so far, as its messages say it."""
     return f"correction x{correction:.2f}; predicted attainment {attainment:.1%}; ready in ~{ready_s:.0f}s"
@@ -304,9 +313,10 @@ class SloPolicy(XpydPolicy):
         waiting = obs.waiting or 0.0
         # learnt in a steady state only: while replicas start or a backlog drains, TTFT is the backlog's
         # wait, which says nothing of the model's error (and would inflate it for long after). The TTFT
-        # scraped now is of the requests that finished over the last interval: no backlog at its start either
+        # scraped now is of the requests that finished over the last minute: all at this size, no backlog at
+        # the last decision either
         before = st.queue[1] if st.queue is not None else 0.0
-        steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready
+        steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready and settled(st, now)
         if obs.ready and obs.ttft_p90 is not None and steady:
             predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
             if rho >= 0.05 and math.isfinite(predicted):
@@ -346,7 +356,7 @@ class SloPolicy(XpydPolicy):
         held = obs.kv_usage * max(obs.ready, 1) * perf.kv_capacity_tokens
         context = held / obs.running if obs.running >= 1 else DEFAULT_PROMPT
         c = st.correction or 1.0
-        if obs.ready and obs.itl_p90 is not None and obs.running >= obs.ready:
+        if obs.ready and obs.itl_p90 is not None and obs.running >= obs.ready and settled(st, now):
             predicted = perf.decode_step_seconds(obs.running / obs.ready, context)
             c = corrected(st.correction, obs.itl_p90, predicted) or 1.0
         demand, st = ahead(st, now, sequences + upstream, ready_s, inputs.behavior.stabilization_seconds)
