@@ -1,13 +1,14 @@
-"""SLO frontier: every autoscaling policy, a few settings each, on seven loads; attainment against GPU-hours.
+"""SLO frontier: every autoscaling policy, a few settings each, on eight loads; attainment against GPU-hours.
 
     .venv/bin/python bench/autoscaler/slo_frontier.py [--duration 1800] [--quick] [--load NAME]
 
-The simulator replays each load (the Azure conversation and code traces, the Mooncake trace, a
-bursty synthetic with a 10x spike, a diurnal synthetic, and two shapes added after the policy was
-written: 5x spikes every 6 minutes, a linear ramp) under xpyd's SLO policy, xpyd's threshold
-policy and the peers' rules (bench/baselines: KEDA-style queue rule, llm-d-style saturation rule,
-Planner-style sla rule, profiled from the simulator's own step timings). The SLO is TTFT p95 <= 1 s
-and ITL p95 <= 50 ms for 99 % of requests; a request meets it when its TTFT and its mean ITL are
+The simulator replays each load (the Azure conversation and code traces, the Mooncake trace, also
+under a TTFT target its longest prompts can meet, a bursty synthetic with a 10x spike, a diurnal
+synthetic, and two shapes added after the policy was written: 5x spikes every 6 minutes, a linear
+ramp) under xpyd's SLO policy, xpyd's threshold policy and the peers' rules (bench/baselines:
+KEDA-style queue rule, llm-d-style saturation rule, Planner-style sla rule, profiled from the
+simulator's own step timings). The SLO is TTFT p95 <= 1 s (4 s for the second Mooncake load) and
+ITL p95 <= 50 ms for 99 % of requests; a request meets it when its TTFT and its mean ITL are
 within the targets. The SLO policy runs with one setting on every load (the stated SLO); its
 other points (goal 0.95, 0.999) only trace its frontier. Writes bench/results/autoscaler-slo.md
 and bench/results/autoscaler-slo.png.
@@ -64,6 +65,7 @@ class Load:
     name: str
     requests: list[traces.TraceRequest]
     note: str
+    ttft_s: float = TTFT_S  # the TTFT target stated for this load (ITL, percentile and goal are the same for all)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,14 @@ def loads(duration: float) -> list[Load]:
         Load("azure-conv", trace("AzureLLMInferenceTrace_conv.csv", 4), "Azure conversation trace, x4 overlaid"),
         Load("azure-code", trace("AzureLLMInferenceTrace_code.csv", 2), "Azure code trace, x2 overlaid"),
         Load("mooncake", trace("conversation_trace.jsonl", 1), "Mooncake conversation trace, x1"),
+        Load(
+            "mooncake-4s",
+            trace("conversation_trace.jsonl", 1),
+            "Mooncake conversation trace, x1, stating TTFT p95 <= 4 s (ITL and goal as above): about 5% of its"
+            " prompts take over 1 s to prefill on an idle replica, and 4 s is the smallest whole second every pool"
+            " at its bound meets the goal at (the static row)",
+            ttft_s=4.0,
+        ),
         Load("bursty", list(shaped(bursty, 60.0, duration, 1)), "6 req/s with a 2-minute 10x spike (60 req/s)"),
         Load("diurnal", list(shaped(diurnal, 33.0, duration, 2)), "3 to 33 req/s and back, one cosine period"),
         Load("recurring", list(shaped(recurring, 30.0, duration, 3)), "6 req/s with a 90-s 5x spike every 6 minutes"),
@@ -121,7 +131,7 @@ def loads(duration: float) -> list[Load]:
     ]
 
 
-LOAD_NAMES = ("azure-conv", "azure-code", "mooncake", "bursty", "diurnal", "recurring", "ramp")
+LOAD_NAMES = ("azure-conv", "azure-code", "mooncake", "mooncake-4s", "bursty", "diurnal", "recurring", "ramp")
 
 
 def settings(quick: bool) -> list[Setting]:
@@ -140,7 +150,7 @@ def settings(quick: bool) -> list[Setting]:
     return [s for s in out if s.default or not quick or s.label.endswith(keep)]
 
 
-def bench_spec(goal: float) -> SimSpec:
+def bench_spec(goal: float, ttft_s: float = TTFT_S) -> SimSpec:
     spec = load(SPEC, None, None)
     dep = spec.deployment
     pools = {}
@@ -148,7 +158,7 @@ def bench_spec(goal: float) -> SimSpec:
         pool = getattr(dep, role)
         scaling = pool.autoscaling.model_copy(update={"max_replicas": MAX_REPLICAS})
         pools[role] = pool.model_copy(update={"autoscaling": scaling})
-    slo = SloSpec(ttft_seconds=TTFT_S, itl_seconds=ITL_S, percentile=PERCENTILE, attainment=goal)
+    slo = SloSpec(ttft_seconds=ttft_s, itl_seconds=ITL_S, percentile=PERCENTILE, attainment=goal)
     return spec.with_deployment(dep.model_copy(update={**pools, "slo": slo}))
 
 
@@ -184,7 +194,10 @@ def register_settings(profiles: dict[str, PlannerProfile]) -> None:
 
 
 def run(spec: SimSpec, load_: Load, s: Setting) -> dict[str, Any]:
-    slo = Slo(TTFT_S, ITL_S, PERCENTILE / 100)
+    slo = Slo(load_.ttft_s, ITL_S, PERCENTILE / 100)
+    if load_.ttft_s != TTFT_S:
+        stated = bench_spec(s.goal, load_.ttft_s).deployment.slo
+        spec = spec.with_deployment(spec.deployment.model_copy(update={"slo": stated}))
     spec = spec.with_pools(**dict(s.static)) if s.static else spec
     cfg = SimConfig(router=spec.deployment.router.policy, autoscaler=s.scaler, slo=slo, autoscaler_targets=s.targets)
     sim = Simulation(spec, load_.requests, cfg)
@@ -244,7 +257,7 @@ def verdict(rows: list[dict[str, Any]], tie: float = 0.0) -> str:
         out = f"slo mode **misses** the goal ({mine['attainment']:.2%} at {mine['gpu_hours']:.1f} GPU-h)"
         if ref is not None and not ref["meets"]:
             out += f"; out of reach on this spec: every pool at its bound throughout reaches {ref['attainment']:.2%}"
-        elif bound is not None and not bound["meets"]:
+        elif bound is not None and not bound["meets"] and not any(r["meets"] for r in rows if r is not ref):
             best = max(r["attainment"] for r in rows if r["policy"] != "static")
             out += (
                 f"; out of reach for a policy that reacts to measured load: growing every pool to its bound at"
@@ -319,9 +332,12 @@ def main(argv: list[str]) -> int:
         "# Autoscaler benchmark: SLO attainment against GPU-hours\n",
         f"Spec {SPEC.name} (Llama-3.1-70B, TP8 replicas on HGX-B200), each pool 1..{MAX_REPLICAS} replicas from"
         f" 2P4D, a new replica Ready {SimConfig().startup_s:.0f} s after it is asked for; the first"
-        f" {args.duration:.0f} s of each load. SLO: TTFT p{PERCENTILE} <= {TTFT_S:g} s and ITL p{PERCENTILE}"
+        f" {args.duration:.0f} s of each load. SLO: TTFT p{PERCENTILE} <= {TTFT_S:g} s (mooncake-4s: 4 s) and ITL"
+        f" p{PERCENTILE}"
         f" <= {ITL_S * 1000:g} ms for {GOAL:.0%} of requests (attainment: the share of requests whose TTFT and"
-        " mean ITL both meet the targets). The SLO policy runs with the stated SLO on every load (one"
+        " mean ITL both meet the targets). Every policy sees the pools as the operator's Prometheus queries show"
+        " them: counters' rates between the newest two scrapes, latency quantiles over the last minute."
+        " The SLO policy runs with the stated SLO on every load (one"
         " setting, marked default); its goal 0.95 and 0.999 points and the baselines' settings trace the"
         " frontier. Command: `.venv/bin/python bench/autoscaler/slo_frontier.py`"
         f" (about {time.perf_counter() - started:.0f} s here). Plot: `autoscaler-slo.png`.\n",

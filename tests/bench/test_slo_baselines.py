@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bench.autoscaler.slo_frontier import bench_spec, dominates, resolution
+from bench.autoscaler.slo_frontier import bench_spec, dominates, resolution, verdict
 from bench.baselines.autoscalers import PlannerPolicy, ReactiveBound, SaturationPolicy, profile
 
 from xpyd_api.models import DisaggregatedDeploymentSpec, SloSpec
@@ -119,3 +119,32 @@ def test_domination_counts_costs_within_a_decision_step_as_equal(
 def test_the_tie_is_one_replica_for_one_interval() -> None:
     spec = bench_spec(0.99)  # TP8 replicas, decided every 15 s
     assert resolution(spec) == pytest.approx(8 * 15 / 3600)
+
+
+def frontier_row(policy: str, gpu_hours: float, attainment: float, default: bool = False) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "label": policy,
+        "default": default,
+        "gpu_hours": gpu_hours,
+        "attainment": attainment,
+        "meets": attainment >= 0.99,
+    }
+
+
+@pytest.mark.parametrize(
+    ("threshold", "said", "unsaid"),
+    [
+        (0.90, "out of reach for a policy that reacts", "cheapest baseline"),  # nothing reactive meets it
+        (1.00, "cheapest baseline meeting it: xpyd 50.0", "out of reach"),  # a baseline does: not out of reach
+    ],
+)
+def test_a_miss_is_out_of_reach_only_where_no_policy_meets_the_goal(threshold: float, said: str, unsaid: str) -> None:
+    rows = [
+        frontier_row("static", 80.0, 1.0),
+        frontier_row("reactive", 30.0, 0.98),
+        frontier_row("slo", 18.0, 0.95, default=True),
+        frontier_row("xpyd", 50.0, threshold),
+    ]
+    text = verdict(rows)
+    assert said in text and unsaid not in text
