@@ -42,10 +42,12 @@ def settled(*recs: tuple[float, int], **kw: Any) -> PoolState:
         ("prefill", obs(2, waiting=0.0, running=12.0), 0),  # no running target set: running ignored
         ("prefill", obs(2, waiting=1.0, ttft_p90=3.0), 3),  # TTFT SLO breached with a queue: one more
         ("prefill", obs(2, waiting=0.0, ttft_p90=3.0), 0),  # breached but no queue: not prefill's fault
+        ("prefill", obs(4, ready=2, waiting=1.0, ttft_p90=3.0), 3),  # 2 starting: one more than serve, not past them
         ("decode", obs(4, waiting=0.0, kv_usage=0.9), 6),  # 4 x 0.9 / 0.7 = 5.14
         ("decode", obs(4, waiting=0.0, kv_usage=0.35), 2),
         ("decode", obs(4, waiting=9.0, kv_usage=0.35), 9),  # queue on decode: 1 per replica
         ("decode", obs(4, waiting=0.0, kv_usage=0.5, itl_p90=0.2), 5),  # ITL SLO breached: one more
+        ("decode", obs(6, ready=4, waiting=0.0, kv_usage=0.5, itl_p90=0.2), 5),  # ... than serve (the p90 lags)
         ("worker", obs(2, waiting=10.0, kv_usage=0.1), 5),  # colocated: the larger of both
         ("worker", obs(2, waiting=0.0, kv_usage=0.98), 3),
     ],

@@ -60,7 +60,9 @@ def signals(role: str, obs: PoolObservation, t: Targets) -> list[tuple[str, floa
             out.append(("prompt-tokens", obs.prompt_tokens_rate / usable, msg))
         slo = t.ttft_p90_seconds
         if slo and obs.ttft_p90 is not None and obs.ttft_p90 > slo and (obs.waiting or 0) > 0:
-            out.append(("ttft-slo", n + 1.0, f"TTFT p90 {obs.ttft_p90:.2f}s > {slo:g}s with a queue"))
+            # one more than serve now: the quantile spans a minute, so replicas still starting (or just Ready)
+            # do not show in it yet, and asking past them each interval would overshoot
+            out.append(("ttft-slo", obs.ready + 1.0, f"TTFT p90 {obs.ttft_p90:.2f}s > {slo:g}s with a queue"))
     if role in (DECODE, WORKER):
         if obs.kv_usage is not None:
             kv = t.decode_kv_usage
@@ -73,7 +75,7 @@ def signals(role: str, obs: PoolObservation, t: Targets) -> list[tuple[str, floa
             out.append(("running", obs.running / tr, f"{obs.running:g} running vs {tr:g}/replica"))
         slo = t.itl_p90_seconds
         if slo and obs.itl_p90 is not None and obs.itl_p90 > slo:
-            out.append(("itl-slo", n + 1.0, f"ITL p90 {obs.itl_p90 * 1000:.0f}ms > {slo * 1000:g}ms"))
+            out.append(("itl-slo", obs.ready + 1.0, f"ITL p90 {obs.itl_p90 * 1000:.0f}ms > {slo * 1000:g}ms"))
     return out
 
 
