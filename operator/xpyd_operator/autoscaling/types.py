@@ -49,8 +49,8 @@ class PoolMetrics:
     sampled_at: float | None = None
     # what the SLO policy reads beside the above (None: not scraped)
     generation_tokens_rate: float | None = None  # sum of irate(vllm:generation_tokens_total), tokens/s
-    request_rate: float | None = None  # requests/s finishing prefill (rate of the prompt-length histogram count)
-    prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the interval, 0..1
+    request_rate: float | None = None  # requests/s finishing prefill (irate of the TTFT histogram's count)
+    prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the last minute, 0..1
     # requests the deployment's router replicas hold for a worker to start (xpyd_router_held_requests):
     # the demand that wakes a pool at zero, the same figure on every pool (None: not scraped)
     held: float | None = None
