@@ -282,7 +282,7 @@ def test_the_correction_waits_for_a_minute_of_latency_at_the_current_size(
     resized_ago: float | None, ready_s: float | None, learns: bool
 ) -> None:
     last = None if resized_ago is None else NOW - resized_ago
-    assert at_one_size(PoolState(last_scale_time=last, ready_seconds=ready_s), NOW) is learns
+    assert at_one_size(PoolState(last_scale_time=last), NOW, ready_s or 60.0) is learns
     prefill = PoolState(queue=(NOW - 15, 0.0), last_scale_time=last, ready_seconds=ready_s, last_desired=2)
     decode = PoolState(last_scale_time=last, ready_seconds=ready_s, last_desired=2)
     slow = light_decode(2, running=100.0, itl_p90=0.04)

@@ -15,13 +15,13 @@ from the engines' own latency. Both pools are one decision over the same traffic
 
 Demand is extrapolated along its recent trend by the measured time to Ready, or by the span the trend
 was fitted over if shorter (ahead of ramps, never below now). The prefill model's correction is learnt
-from TTFT only in a steady state (all replicas Ready, no backlog now or at the last decision, no resize within
-the minute the latency quantiles span); decode's likewise. Moving
-the sizes (up at once, down straight to the stabilization window's maximum, cooldowns, flap guard, no
-move on missing data, a manual edit taken as the new target) is XpydPolicy's, except that decode may
-first shrink after a few sequence lifetimes of fresh data rather than a window (prefill holds the size
-the user set a whole window), and that while bursts recur (two of comparable height within
-MEMORY_WINDOWS windows) the pool keeps the highest one in memory. An idle pool goes to its minimum.
+from TTFT only in a steady state (all replicas Ready, no backlog now or at the last decision, no resize
+within the minute the latency quantiles span); decode's likewise. Moving the sizes (up at once, down
+straight to the stabilization window's maximum, cooldowns, flap guard, no move on missing data, a
+manual edit taken as the new target) is XpydPolicy's, except that decode may first shrink after a few
+sequence lifetimes of fresh data rather than a window (prefill holds the size the user set a whole
+window), and that while bursts recur (two of comparable height within MEMORY_WINDOWS windows) the pool
+keeps the highest one in memory. An idle pool goes to its minimum.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
@@ -211,10 +211,9 @@ def idle(obs: PoolObservation) -> bool:
     return not obs.running and not obs.waiting and not obs.held
 
 
-def settled(st: PoolState, now: float) -> bool:
+def settled(st: PoolState, now: float, ready_s: float) -> bool:
     """Whether the latency quantiles scraped now (over the last LATENCY_WINDOW_S) are all of the pool's current
-    size: its last resize, and a new replica's time to Ready after it, are older than the window."""
-    ready_s = st.ready_seconds or DEFAULT_READY_S
+    size: its last resize, and a new replica's time to Ready (`ready_s`) after it, are older than the window."""
     return st.last_scale_time is None or now - st.last_scale_time >= LATENCY_WINDOW_S + ready_s
 
 
@@ -311,17 +310,17 @@ class SloPolicy(XpydPolicy):
         c = st.correction or 1.0
         capacity = perf.prefill_tokens_per_second()
         waiting = obs.waiting or 0.0
+        ready_s = st.ready_seconds or DEFAULT_READY_S
         # learnt in a steady state only: while replicas start or a backlog drains, TTFT is the backlog's
         # wait, which says nothing of the model's error (and would inflate it for long after). The TTFT
         # scraped now is of the requests that finished over the last minute: all at this size, no backlog at
         # the last decision either
         before = st.queue[1] if st.queue is not None else 0.0
-        steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready and settled(st, now)
+        steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready and settled(st, now, ready_s)
         if obs.ready and obs.ttft_p90 is not None and steady:
             predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
             if rho >= 0.05 and math.isfinite(predicted):
                 c = corrected(st.correction, obs.ttft_p90, predicted / c) or 1.0
-        ready_s = st.ready_seconds or DEFAULT_READY_S
         growth, st = queue_growth(st, now, waiting)
         # served prompts plus those that arrived unserved (the queue's growth). The queue itself is not
         # demand for new replicas: a queued request waits at the replica it was sent to, and a new one
@@ -356,7 +355,7 @@ class SloPolicy(XpydPolicy):
         held = obs.kv_usage * max(obs.ready, 1) * perf.kv_capacity_tokens
         context = held / obs.running if obs.running >= 1 else DEFAULT_PROMPT
         c = st.correction or 1.0
-        if obs.ready and obs.itl_p90 is not None and obs.running >= obs.ready and settled(st, now):
+        if obs.ready and obs.itl_p90 is not None and obs.running >= obs.ready and settled(st, now, ready_s):
             predicted = perf.decode_step_seconds(obs.running / obs.ready, context)
             c = corrected(st.correction, obs.itl_p90, predicted) or 1.0
         demand, st = ahead(st, now, sequences + upstream, ready_s, inputs.behavior.stabilization_seconds)
