@@ -178,12 +178,15 @@ async def test_the_client_can_lower_the_deadline_not_raise_it(stubs: Start, rout
     start = time.monotonic()
     status, raw = await call(r.url, {"prompt": "hi"}, headers={"X-Request-Timeout": "0.2"})
     assert status == 504
-    assert orjson.loads(raw)["error"]["type"] == "timeout_error"
-    assert 0.15 < time.monotonic() - start < 1.0
+    error = orjson.loads(raw)["error"]
+    assert error["type"] == "timeout_error"
+    assert "within its 0.2s deadline" in error["message"]  # the deadline applied, not the wall clock
+    assert time.monotonic() - start > 0.15  # and not before it
     start = time.monotonic()
-    status, _ = await call(r.url, {"prompt": "hi"}, headers={"X-Request-Timeout": "3600"})
+    status, raw = await call(r.url, {"prompt": "hi"}, headers={"X-Request-Timeout": "3600"})
     assert status == 504
-    assert 0.5 < time.monotonic() - start < 2.0  # the router's 0.6 s ceiling
+    assert "within its 0.6s deadline" in orjson.loads(raw)["error"]["message"]  # the router's ceiling
+    assert time.monotonic() - start > 0.5
     assert r.pool.workers[hung.url].healthy  # the client's deadline is not the worker's failure
 
 
@@ -216,7 +219,7 @@ async def test_models_has_a_bounded_timeout(stubs: Start, router: Start, monkeyp
     async with aiohttp.ClientSession() as s, s.get(r.url + "/v1/models") as resp:
         assert resp.status == 503
         raw = await resp.read()
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 5  # the hung worker never answers: only the 0.3 s bound ends it
     assert_no_address(raw, hung)
     good = await stubs("worker")
     r2 = await fast_router(router, [hung, good])
