@@ -382,18 +382,27 @@ def test_a_manual_edit_is_the_new_target() -> None:
 
 
 @pytest.mark.parametrize(
-    ("running", "rate", "want"),
+    ("running", "rate", "decode_rates", "want"),
     [
-        (20.0, 10.0, 2.0),  # Little's law: 20 in decode, 10 through per second -> 2 s each
-        (0.0, 10.0, math.inf),  # nothing running: not measured
-        (20.0, 0.0, math.inf),  # nothing through prefill: not measured
-        (20.0, None, math.inf),
-        (None, 10.0, math.inf),
+        (20.0, 10.0, None, 2.0),  # Little's law: 20 in decode, 10 through per second -> 2 s each
+        (20.0, 10.0, (2000.0, 10.0, 0.05), 2.0),  # Little's law first while sequences run
+        (0.0, 10.0, None, math.inf),  # nothing running, no decode rates: not measured
+        (0.0, 10.0, (2000.0, 10.0, 0.005), 1.0),  # none caught running: 200 tokens each at 5 ms
+        (0.0, 10.0, (0.0, 10.0, 0.005), math.inf),  # nothing generated
+        (0.0, 10.0, (2000.0, 0.0, 0.005), math.inf),  # no request through decode
+        (0.0, 10.0, (2000.0, 10.0, None), math.inf),  # no ITL
+        (20.0, 0.0, None, math.inf),  # nothing through prefill: not measured
+        (20.0, None, None, math.inf),
+        (None, 10.0, None, math.inf),
     ],
 )
-def test_sequence_lifetime(running: float | None, rate: float | None, want: float) -> None:
-    pools = {"prefill": obs(1, request_rate=rate), "decode": obs(1, running=running)}
-    assert sequence_lifetime(PolicyInputs(pools, BOUNDS)) == want
+def test_sequence_lifetime(
+    running: float | None, rate: float | None, decode_rates: tuple[float, float, float | None] | None, want: float
+) -> None:
+    tokens, done, itl = decode_rates or (None, None, None)
+    decode = obs(1, running=running, generation_tokens_rate=tokens, request_rate=done, itl_p90=itl)
+    pools = {"prefill": obs(1, request_rate=rate), "decode": decode}
+    assert sequence_lifetime(PolicyInputs(pools, BOUNDS)) == pytest.approx(want)
 
 
 @pytest.mark.parametrize(

@@ -197,13 +197,20 @@ def burst_floor(needs: Sequence[tuple[float, int]]) -> int | None:
 
 
 def sequence_lifetime(inputs: PolicyInputs) -> float:
-    """Seconds a sequence stays in decode (Little's law: sequences running / requests per second through
-    prefill); infinite where either is not measured (no sequence running counts as not measured)."""
+    """Seconds a sequence stays in decode: Little's law (sequences running / requests per second through
+    prefill) while some run; else the tokens a request generates (decode's generated tokens / requests)
+    times decode's ITL, all measured over the same minute (sequences too short to be caught running at a
+    scrape still show there); infinite where neither is measured."""
     decode, prefill = inputs.pools.get(DECODE), inputs.pools.get(PREFILL)
-    rate = prefill.request_rate if prefill is not None else None
-    if decode is None or decode.running is None or decode.running < 1 or not rate or rate <= 0:
+    if decode is None:
         return math.inf
-    return decode.running / rate
+    rate = prefill.request_rate if prefill is not None else None
+    if decode.running is not None and decode.running >= 1 and rate and rate > 0:
+        return decode.running / rate
+    tokens, done, itl = decode.generation_tokens_rate, decode.request_rate, decode.itl_p90
+    if tokens and done and itl and tokens > 0 and done > 0 and itl > 0:
+        return tokens / done * itl
+    return math.inf
 
 
 def idle(obs: PoolObservation) -> bool:
