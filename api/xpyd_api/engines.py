@@ -36,6 +36,7 @@ class MetricNames:
     queue_time: str  # histogram
     prompt_tokens: str
     generation_tokens: str
+    prompt_length: str | None = None  # histogram of each finished request's prompt tokens (vLLM)
     prefix_queries: str | None = None  # tokens looked up in the prefix cache (vLLM)
     prefix_hits: str | None = None
     cache_hit_rate: str | None = None  # a 0-1 gauge where the engine exports a ratio instead (SGLang)
@@ -54,6 +55,7 @@ VLLM_METRICS: Final = MetricNames(
     queue_time=names.QUEUE_TIME,
     prompt_tokens=names.PROMPT_TOKENS,
     generation_tokens=names.GENERATION_TOKENS,
+    prompt_length=names.PROMPT_LENGTH,
     prefix_queries=names.PREFIX_QUERIES,
     prefix_hits=names.PREFIX_HITS,
     kv_transfers="vllm:nixl_xfer_time_seconds",

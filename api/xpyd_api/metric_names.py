@@ -34,6 +34,21 @@ TTFT: Final = "vllm:time_to_first_token_seconds"  # histogram
 ITL: Final = "vllm:inter_token_latency_seconds"  # histogram
 E2E: Final = "vllm:e2e_request_latency_seconds"  # histogram
 QUEUE_TIME: Final = "vllm:request_queue_time_seconds"  # histogram
+PROMPT_LENGTH: Final = "vllm:request_prompt_tokens"  # histogram of each finished request's prompt tokens
+
+
+def token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's buckets for a request's token counts (vllm:request_prompt_tokens): 1, 2, 5, 10, 20, 50, ... up
+    to max_model_len."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return tuple(out)
+            out.append(float(m * scale))
+        scale *= 10
+
 
 # --- SGLang's names for the same gauges (the router's scraper reads both engines) ---
 SGL_WAITING: Final = "sglang:num_queue_reqs"

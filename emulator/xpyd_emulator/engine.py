@@ -359,6 +359,7 @@ class Engine:
             self.pool.unpin(seq.blocks - keep, seq.rank)
             seq.blocks = keep
         self.rank_metrics[seq.rank].e2e.observe(now - seq.arrival)
+        self.rank_metrics[seq.rank].prompt_length.observe(seq.prompt)
         if seq.on_done is not None:
             seq.on_done()
         return True

@@ -65,7 +65,13 @@ class EngineMetrics:
     """The counters, gauges and histograms one emulated engine exposes at /metrics."""
 
     def __init__(
-        self, model_name: str, block_size: int, num_gpu_blocks: int, engine: int = 0, labels: str | None = None
+        self,
+        model_name: str,
+        block_size: int,
+        num_gpu_blocks: int,
+        engine: int = 0,
+        labels: str | None = None,
+        max_model_len: int = 131072,
     ) -> None:
         self.labels = labels or f'engine="{engine}",model_name="{model_name}"'
         self.block_size = block_size
@@ -87,6 +93,7 @@ class EngineMetrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(LATENCY_BUCKETS)
         self.queue = Histogram(LATENCY_BUCKETS)
+        self.prompt_length = Histogram(names.token_buckets(max_model_len))  # observed as a request finishes
         self.nixl = False  # a KV connector is configured: the NIXL series are exported
         self.nixl_time = Histogram(NIXL_TIME_BUCKETS)
         self.nixl_bytes = Histogram(NIXL_BYTES_BUCKETS)
@@ -134,6 +141,11 @@ def render_engines(engines: list[EngineMetrics], engine: MetricNames = VLLM_METR
         (engine.itl, "itl", "Histogram of inter-token latency in seconds."),
         (engine.e2e, "e2e", "Histogram of e2e request latency in seconds."),
         (engine.queue_time, "queue", "Histogram of time spent in WAITING phase."),
+        *(
+            [(engine.prompt_length, "prompt_length", "Number of prefill tokens processed.")]
+            if engine.prompt_length
+            else []
+        ),
     ):
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} histogram")

@@ -93,7 +93,8 @@ class Worker:
         self.metric_names = METRICS[cfg.engine]  # the engine's own names (xpyd_api.engines)
         labels = sglang_labels(name, cfg.disaggregation_mode) if cfg.engine == "sglang" else None
         self.rank_metrics = [
-            EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r, labels) for r in range(ranks)
+            EngineMetrics(name, cfg.block_size, self.pool.rank_blocks, r, labels, self.max_model_len)
+            for r in range(ranks)
         ]
         self.metrics = self.rank_metrics[0]
         for m in self.rank_metrics:  # vLLM's NixlConnector series, with a KV connector

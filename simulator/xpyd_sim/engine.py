@@ -232,11 +232,13 @@ class Simulation:
         if req.direct:  # the worker that computed the prompt reports this TTFT
             role = "worker" if self.spec.mode == "Colocated" else "decode"
             self.scaler.ttft_window[role].append(req.first_token - req.arrival)
+            self.scaler.prompt_window[role].append(req.prompt_tokens)
         if self.on_finish is not None:
             self.on_finish(req)
 
     def _handoff(self, req: SimRequest, src: Worker, now: float) -> None:
         self.scaler.ttft_window["prefill"].append(now - req.arrival)
+        self.scaler.prompt_window["prefill"].append(req.prompt_tokens)
         self.router.prefill_done(req, self.prefill_work.pop(req.rid))
         dst = req.decode_worker
         assert dst is not None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,26 @@ class Histogram:
             if seen >= target and c:
                 return self.lo * math.exp((i + 0.5) / self._scale)
         return None
+
+
+def bucket_quantile(q: float, values: Sequence[float], bounds: Sequence[float]) -> float | None:
+    """Prometheus's histogram_quantile of `values` counted into buckets with upper bounds `bounds`: linear
+    within the bucket the rank falls in (from 0 for the first), the highest bound past the last; None
+    for no value."""
+    if not values:
+        return None
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[bisect_left(bounds, v)] += 1
+    rank, seen = q * len(values), 0
+    for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            if i == len(bounds):
+                return float(bounds[-1])
+            lo = bounds[i - 1] if i else 0.0
+            return lo + (bounds[i] - lo) * (rank - seen) / c
+        seen += c
+    return float(bounds[-1])
 
 
 @dataclass(frozen=True, slots=True)

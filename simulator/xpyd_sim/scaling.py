@@ -13,14 +13,17 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from xpyd_api.metric_names import token_buckets
 from xpyd_api.models import SLO_PERCENTILES, AutoscalingTargets, DisaggregatedDeploymentSpec, SloSpec
 from xpyd_operator.autoscaling.policy import AUTOSCALERS, make_policy
-from xpyd_operator.autoscaling.promql import RATE_WINDOW_S
+from xpyd_operator.autoscaling.promql import PROMPT_QUANTILES, RATE_WINDOW_S
 from xpyd_operator.autoscaling.spec import PoolRuntime, policy_inputs
 from xpyd_operator.autoscaling.types import PoolObservation, PoolState
 from xpyd_sim.cluster import Cluster
-from xpyd_sim.metrics import Histogram, Slo
+from xpyd_sim.metrics import Histogram, Slo, bucket_quantile
 
+# vLLM's buckets for prompt lengths (capped at the model's context there; past every prompt here).
+PROMPT_BUCKETS = token_buckets(10**7)
 # CLI spellings beside the registry's names.
 ALIASES = {"on": "xpyd", "static": "off"}
 TARGET_KEYS = sorted(field.alias or name for name, field in AutoscalingTargets.model_fields.items())
@@ -58,12 +61,14 @@ def slo_spec(slo: Slo) -> SloSpec:
 @dataclass(frozen=True)
 class Mark:
     """One observation's cumulative counters per pool (prompt tokens, prefix hits, generated tokens; the ITL
-    histogram's counts) and the TTFTs of the requests that finished prefill since the one before."""
+    histogram's counts) and the TTFTs and prompt lengths of the requests that finished prefill since the one
+    before."""
 
     at: float
     tokens: dict[str, tuple[int, int, int]]
     ttfts: dict[str, list[float]]
     itl: dict[str, list[int]]
+    prompts: dict[str, list[int]]
 
 
 class SimScaler:
@@ -78,15 +83,17 @@ class SimScaler:
         self.spec = scaler_spec(cluster.spec.deployment, slo, targets)
         self.state: dict[str, PoolState] = {}
         self.ttft_window: dict[str, list[float]] = {role: [] for role in cluster.spec.pools}
+        self.prompt_window: dict[str, list[int]] = {role: [] for role in cluster.spec.pools}
         # what each observation saw, newest last: the first one at or before the window's start is the base
         # latency quantiles and the hit ratio are taken from (the operator's rate(...[1m])); the newest one,
         # counters' rates (its irate: the chart scrapes as often as the autoscaler decides)
-        self._marks: deque[Mark] = deque([Mark(0.0, {}, {}, {})])
+        self._marks: deque[Mark] = deque([Mark(0.0, {}, {}, {}, {})])
 
     def observe(self, now: float, itl: dict[str, Histogram]) -> dict[str, PoolObservation]:
         """Each pool now, as the operator's PromQL sees it: gauges as they are, counters' rates since the last
-        observation (irate), latency quantiles and the prefix hit ratio over the last RATE_WINDOW_S (since the
-        start, early on)."""
+        observation (irate), latency and prompt-length quantiles and the prefix hit ratio over the last
+        RATE_WINDOW_S (since the start, early on); prompt lengths counted into vLLM's buckets, as Prometheus's
+        histogram_quantile reads them."""
         while len(self._marks) > 1 and self._marks[1].at <= now - RATE_WINDOW_S:
             self._marks.popleft()
         base, last = self._marks[0], self._marks[-1]
@@ -94,6 +101,7 @@ class SimScaler:
         tokens: dict[str, tuple[int, int, int]] = {}
         ttfts_now: dict[str, list[float]] = {}
         itl_marks: dict[str, list[int]] = {}
+        prompts_now: dict[str, list[int]] = {}
         out: dict[str, PoolObservation] = {}
         for role, workers in self.cluster.workers.items():
             ready = [w for w in workers if w.state == "ready"]
@@ -105,6 +113,9 @@ class SimScaler:
             tokens[role] = (prompt, hit, generated)
             ttfts_now[role], self.ttft_window[role] = self.ttft_window[role], []
             ttfts = sorted([t for m in list(self._marks)[1:] for t in m.ttfts.get(role, ())] + ttfts_now[role])
+            prompts_now[role], self.prompt_window[role] = self.prompt_window[role], []
+            prompts = [p for m in list(self._marks)[1:] for p in m.prompts.get(role, ())] + prompts_now[role]
+            p50, p90, p99 = (bucket_quantile(q, prompts, PROMPT_BUCKETS) for q in PROMPT_QUANTILES)
             hist = itl.get(role)
             itl_p90 = None
             if hist is not None:
@@ -124,8 +135,11 @@ class SimScaler:
                 generation_tokens_rate=(generated - g1) / span,
                 request_rate=len(ttfts_now[role]) / span,
                 prefix_hit_ratio=(hit - h0) / (prompt - q0) if prompt > q0 else None,
+                prompt_tokens_p50=p50,
+                prompt_tokens_p90=p90,
+                prompt_tokens_p99=p99,
             )
-        self._marks.append(Mark(now, tokens, ttfts_now, itl_marks))
+        self._marks.append(Mark(now, tokens, ttfts_now, itl_marks, prompts_now))
         return out
 
     def decide(self, now: float, itl: dict[str, Histogram]) -> dict[str, tuple[int, str]]:

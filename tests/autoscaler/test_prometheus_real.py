@@ -50,6 +50,14 @@ class Worker:
                 f'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {10.0 * up:.3f}',
                 f"vllm:time_to_first_token_seconds_count {10.0 * up:.3f}",
                 f"vllm:time_to_first_token_seconds_sum {4.0 * up:.3f}",
+                "# TYPE vllm:request_prompt_tokens histogram",  # 8 of 10 prompts in (1000, 2000], 2 in (5000, 10000]
+                'vllm:request_prompt_tokens_bucket{le="1000.0"} 0',
+                f'vllm:request_prompt_tokens_bucket{{le="2000.0"}} {8.0 * up:.3f}',
+                f'vllm:request_prompt_tokens_bucket{{le="5000.0"}} {8.0 * up:.3f}',
+                f'vllm:request_prompt_tokens_bucket{{le="10000.0"}} {10.0 * up:.3f}',
+                f'vllm:request_prompt_tokens_bucket{{le="+Inf"}} {10.0 * up:.3f}',
+                f"vllm:request_prompt_tokens_count {10.0 * up:.3f}",
+                f"vllm:request_prompt_tokens_sum {30000.0 * up:.3f}",
                 "",
             ]
         )
@@ -145,6 +153,9 @@ async def test_pool_metrics_from_real_prometheus(prometheus: str, workers: dict[
         assert p.sampled_at is not None
         assert abs(p.sampled_at - time.time()) < 30
         assert d.itl_p90 is None  # no such histogram: no quantile, not NaN
+        # ranks 5, 9 and 9.9 of every 10 prompts, each linear within its bucket
+        quantiles = (p.prompt_tokens_p50, p.prompt_tokens_p90, p.prompt_tokens_p99)
+        assert quantiles == pytest.approx((1000 + 1000 * 5 / 8, 7500.0, 9750.0), rel=0.02)
 
         # A worker that stops answering goes stale and leaves the sums.
         await workers["llama-prefill-1"].stop()

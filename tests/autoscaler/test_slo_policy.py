@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -17,8 +18,10 @@ from xpyd_operator.autoscaling.slo import (
     burst_floor,
     bursts,
     measure_ready,
+    one_class,
     planned_quantile,
     prefill_ttft,
+    prompt_mix,
     queue_growth,
     remember,
     sequence_lifetime,
@@ -30,8 +33,12 @@ from xpyd_operator.autoscaling.slo import (
 )
 from xpyd_operator.autoscaling.slomodel import (
     CORRECTION_BOUNDS,
+    MIX_EDGES,
     ReplicaPerf,
     corrected,
+    mix_quantile,
+    mix_within,
+    prompt_classes,
     replica_perfs,
     trend,
     waiting_quantile,
@@ -146,6 +153,113 @@ def test_within_probability(service: float, rho: float, budget: float, want: flo
     assert within_probability(service, rho, budget) == pytest.approx(want)
 
 
+@pytest.mark.parametrize(
+    ("service", "rho", "q"), [(0.1, 0.0, 0.99), (0.1, 0.04, 0.95), (0.1, 0.5, 0.95), (0.3, 0.8, 0.99)]
+)
+def test_one_class_mix_is_the_closed_form(service: float, rho: float, q: float) -> None:
+    assert mix_quantile([(1.0, service)], rho, q) == pytest.approx(service + waiting_quantile(service, rho, q))
+    assert mix_within([(1.0, service)], rho, 0.5) == pytest.approx(within_probability(service, rho, 0.5))
+
+
+@pytest.mark.parametrize(
+    ("mix", "rho", "budget", "want"),
+    [
+        ([(0.5, 0.1), (0.5, 2.0)], 0.0, 1.0, 0.5),  # idle: the half whose own service is over the budget misses
+        ([(0.9, 0.1), (0.1, 0.5)], 0.0, 1.0, 1.0),
+        ([(0.9, 0.1), (0.1, 0.5)], 1.0, 1.0, 0.0),  # saturated
+        # busy: each class waits behind the mean service (0.14 s), then takes its own
+        (
+            [(0.9, 0.1), (0.1, 0.5)],
+            0.5,
+            1.0,
+            0.9 * (1 - 0.5 * math.exp(-0.5 * 0.9 / 0.14)) + 0.1 * (1 - 0.5 * math.exp(-0.5 * 0.5 / 0.14)),
+        ),
+    ],
+)
+def test_mix_within(mix: list[tuple[float, float]], rho: float, budget: float, want: float) -> None:
+    assert mix_within(mix, rho, budget) == pytest.approx(want)
+
+
+def test_a_long_tail_lifts_the_quantile_not_the_median() -> None:
+    tail = [(0.9, 0.1), (0.1, 0.8)]
+    assert mix_quantile(tail, 0.3, 0.5) < 0.2 < 0.8 <= mix_quantile(tail, 0.3, 0.99)
+    t = mix_quantile(tail, 0.3, 0.95)  # the first time the share reaches 0.95 (it jumps where a class starts)
+    assert mix_within(tail, 0.3, t - 1e-6) < 0.95 <= mix_within(tail, 0.3, t)
+
+
+@pytest.mark.parametrize(
+    ("quantiles", "want"),
+    [
+        # p50 1000, p90 5000, p99 7000: linear from 0 to the median, then between the quantiles, the last slope on
+        (
+            ((0.5, 1000.0), (0.9, 5000.0), (0.99, 7000.0)),
+            {0.05: 100.0, 0.45: 900.0, 0.55: 1500.0, 0.9975: 7000 + 2000 / 0.09 * 0.0075},
+        ),
+        (((0.5, 1000.0), (0.9, 1000.0), (0.99, 1000.0)), {0.05: 100.0, 0.55: 1000.0, 0.9975: 1000.0}),  # one length
+        (((0.5, 3000.0), (0.9, 2000.0), (0.99, 1000.0)), {0.55: 3000.0, 0.9975: 3000.0}),  # not monotone: held
+    ],
+)
+def test_prompt_classes(quantiles: tuple[tuple[float, float], ...], want: dict[float, float]) -> None:
+    classes = prompt_classes(quantiles)
+    assert [w for w, _ in classes] == pytest.approx([hi - lo for lo, hi in itertools.pairwise(MIX_EDGES)])
+    assert sum(w for w, _ in classes) == pytest.approx(1.0)
+    middles = {
+        round((lo + hi) / 2, 4): t for (lo, hi), (_, t) in zip(itertools.pairwise(MIX_EDGES), classes, strict=True)
+    }
+    for u, tokens in want.items():
+        assert middles[u] == pytest.approx(tokens)
+
+
+@pytest.mark.parametrize(
+    ("p50", "p90", "p99", "hit", "want"),
+    [
+        (None, 5000.0, 7000.0, 0.0, [(1.0, 2000.0)]),  # a quantile missing: all at the mean prompt (2000)
+        (0.0, 5000.0, 7000.0, 0.0, [(1.0, 2000.0)]),  # NaN/empty shows as absent or 0: the mean
+        (None, None, None, 0.5, [(1.0, 1000.0)]),  # the hit ratio taken off
+    ],
+)
+def test_prompt_mix_falls_back_to_the_mean_prompt(
+    p50: float | None, p90: float | None, p99: float | None, hit: float, want: list[tuple[float, float]]
+) -> None:
+    o = obs(
+        1,
+        prompt_tokens_rate=20_000.0,
+        request_rate=10.0,
+        prompt_tokens_p50=p50,
+        prompt_tokens_p90=p90,
+        prompt_tokens_p99=p99,
+    )
+    assert list(prompt_mix(o, hit)) == want
+
+
+def test_prompt_mix_takes_the_hit_ratio_off_every_class() -> None:
+    o = obs(
+        1,
+        prompt_tokens_rate=20_000.0,
+        request_rate=10.0,
+        prompt_tokens_p50=1000.0,
+        prompt_tokens_p90=5000.0,
+        prompt_tokens_p99=7000.0,
+    )
+    cold, warm = prompt_mix(o, 0.0), prompt_mix(o, 0.25)
+    assert [t * 0.75 for _, t in cold] == pytest.approx([t for _, t in warm])
+
+
+def test_a_tail_no_replica_serves_in_time_is_not_paid_for() -> None:
+    """A tenth of the prompts take longer than the budget on an idle replica: the goal is planned as its
+    share of what the bound reaches, with the prompt mix, rather than the bound bought for them; and the
+    mean-prompt model, not seeing them, would size for its mean only."""
+    perf = PERF["prefill"]
+    cap = perf.prefill_tokens_per_second()
+    long = 1.5 * cap  # 1.5 s of compute alone
+    mix = [(0.9, 2_000.0), (0.1, long)]
+    mean = 0.9 * 2_000 + 0.1 * long
+    n, _, attain = size_prefill(perf, 1.0, mix, 4 * cap, 1.0, 0.99, 16, cap)
+    best = mix_within([(w, perf.prefill_seconds(t)) for w, t in mix], 4 / 16, 1.0)
+    assert best < 0.9 and attain >= 0.99 * best and n < 16
+    assert size_prefill(perf, 1.0, one_class(mean), 4 * cap, 1.0, 0.99, 16, cap)[0] == 16  # the mean prompt: the bound
+
+
 @pytest.mark.parametrize(("percentile", "attainment", "want"), [(95, 0.99, 0.99), (99, 0.9, 0.99), (90, 0.5, 0.9)])
 def test_planned_quantile_is_the_stricter(percentile: int, attainment: float, want: float) -> None:
     assert (
@@ -157,15 +271,15 @@ def test_planned_quantile_is_the_stricter(percentile: int, attainment: float, wa
 def test_a_smaller_ttft_budget_needs_more_prefill() -> None:
     perf = PERF["prefill"]
     cap = perf.prefill_tokens_per_second()
-    sizes = [size_prefill(perf, 1.0, 4000, 3 * cap, budget, 0.99, 16, cap)[0] for budget in (2.0, 0.5, 0.2)]
+    sizes = [size_prefill(perf, 1.0, one_class(4000), 3 * cap, budget, 0.99, 16, cap)[0] for budget in (2.0, 0.5, 0.2)]
     assert sizes == sorted(sizes) and sizes[0] >= 4 and sizes[-1] > sizes[0]
 
 
 def test_a_slower_model_needs_more_prefill() -> None:
     perf = PERF["prefill"]
     cap = perf.prefill_tokens_per_second()
-    fast = size_prefill(perf, 1.0, 4000, 2 * cap, 0.5, 0.99, 16, cap)[0]
-    slow = size_prefill(perf, 3.0, 4000, 2 * cap, 0.5, 0.99, 16, cap)[0]
+    fast = size_prefill(perf, 1.0, one_class(4000), 2 * cap, 0.5, 0.99, 16, cap)[0]
+    slow = size_prefill(perf, 3.0, one_class(4000), 2 * cap, 0.5, 0.99, 16, cap)[0]
     assert slow > fast
 
 
@@ -183,7 +297,7 @@ def test_an_unreachable_goal_does_not_buy_the_whole_bound(
 ) -> None:
     perf = PERF["prefill"]
     cap = perf.prefill_tokens_per_second()
-    n, ttft, _ = size_prefill(perf, correction, new_tokens, rate_x * cap, 1.0, 0.99, 16, cap)
+    n, ttft, _ = size_prefill(perf, correction, one_class(new_tokens), rate_x * cap, 1.0, 0.99, 16, cap)
     if want is None:
         assert n < 16 and ttft <= 1.0
     else:
@@ -194,8 +308,8 @@ def test_a_goal_out_of_reach_is_planned_as_its_share_of_the_best() -> None:
     """Service near the budget: 16 replicas reach under 99 %; plan 99 % of what 16 reach, not 16."""
     perf = PERF["prefill"]
     cap = perf.prefill_tokens_per_second()
-    n, _, attain = size_prefill(perf, 2.6, 8_000, 0.6 * cap, 0.99, 0.99, 16, cap)
-    _, service, rho = prefill_ttft(perf, 2.6, 8_000, 0.6 * cap, 16, 0.99, cap)
+    n, _, attain = size_prefill(perf, 2.6, one_class(8_000), 0.6 * cap, 0.99, 0.99, 16, cap)
+    _, service, rho = prefill_ttft(perf, 2.6, one_class(8_000), 0.6 * cap, 16, 0.99, cap)
     best = within_probability(service, rho, 0.99)
     assert best < 0.99 and n < 16 and attain >= 0.99 * best
 

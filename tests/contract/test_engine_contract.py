@@ -207,8 +207,9 @@ def profile(release: EngineRelease) -> engines.EngineProfile:
 def metric_problems(names: engines.MetricNames, exposed: frozenset[str]) -> list[str]:
     """The names of a profile's metric map that the release does not export (kv_usage: none of its names)."""
     single = [getattr(names, f) for f in ("waiting", "running", "ttft", "itl", "e2e", "queue_time", "prompt_tokens",
-                                          "generation_tokens", "prefix_queries", "prefix_hits", "cache_hit_rate",
-                                          "kv_transfers", "kv_transfer_bytes", "kv_transfer_failures")]  # fmt: skip
+                                          "generation_tokens", "prompt_length", "prefix_queries", "prefix_hits",
+                                          "cache_hit_rate", "kv_transfers", "kv_transfer_bytes",
+                                          "kv_transfer_failures")]  # fmt: skip
     out = [f"{n} is not exported" for n in single if n is not None and n not in exposed]
     if not set(names.kv_usage) & exposed:
         out.append(f"none of {list(names.kv_usage)} is exported")

@@ -160,3 +160,16 @@ def test_autoscaler_sees_counters_per_scrape_and_latency_over_the_operators_minu
     assert [seen[t].prompt_tokens_rate for t in (15.0, 30.0)] == pytest.approx([20_000 / 15, 0.0])
     assert [seen[t].request_rate for t in (15.0, 30.0)] == pytest.approx([1 / 15, 0.0])
     assert [seen[t].ttft_p90 for t in (15.0, 60.0, 75.0)] == [0.4, 0.4, None]  # finished by 15 s: out at 75 s
+
+
+def test_autoscaler_sees_prompt_length_quantiles_as_histogram_quantile_reads_vllms_buckets(spec_file: Path) -> None:
+    sim = Simulation(specs.load(spec_file), [], SimConfig(autoscaler="xpyd"))
+    sim.scaler.prompt_window["prefill"].extend([3000] * 9 + [30_000])  # nine in (2000, 5000], one in (20k, 50k]
+    seen = {t: sim.scaler.observe(t, sim.itl)["prefill"] for t in (15.0, 60.0, 75.0)}
+    # ranks 5, 9 and 9.9 of 10: linear within the bucket each falls in, as Prometheus interpolates
+    p = seen[15.0]
+    assert (p.prompt_tokens_p50, p.prompt_tokens_p90, p.prompt_tokens_p99) == pytest.approx(
+        (2000 + 3000 * 5 / 9, 5000.0, 20_000 + 30_000 * 0.9)
+    )
+    assert seen[60.0].prompt_tokens_p50 == p.prompt_tokens_p50
+    assert seen[75.0].prompt_tokens_p50 is None  # older than the minute

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from xpyd_api.metric_names import token_buckets
 from xpyd_sim import trace
 from xpyd_sim.cache import PrefixCache
-from xpyd_sim.metrics import Histogram
+from xpyd_sim.metrics import Histogram, bucket_quantile
 from xpyd_sim.request import SimRequest
 from xpyd_sim.worker import Worker
 
@@ -207,3 +208,31 @@ def test_trace_file_roundtrip_json(tmp_path: Path) -> None:
     path.write_text(json.dumps({"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [3]}) + "\n")
     (req,) = trace.load(path)
     assert (req.arrival, req.prompt_tokens, req.blocks) == (0.005, 10, (3,))
+
+
+@pytest.mark.parametrize(
+    ("max_len", "want"),
+    [
+        (1, (1.0,)),
+        (100, (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)),
+        (4096, (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)),
+    ],
+)
+def test_token_buckets_are_vllms_1_2_5_series(max_len: int, want: tuple[float, ...]) -> None:
+    assert token_buckets(max_len) == want
+
+
+@pytest.mark.parametrize(
+    ("q", "values", "want"),
+    [
+        (0.5, [], None),
+        (0.5, [1.0, 1.0], 0.5),  # the first bucket interpolates from 0
+        (0.5, [3.0, 3.0, 3.0, 3.0], 3.5),  # rank 2 of 4 in (2, 5]
+        (1.0, [3.0, 30.0], 50.0),
+        (0.99, [3.0, 1e9], 100.0),  # past the last bound: the last bound, as Prometheus answers
+    ],
+)
+def test_bucket_quantile_reads_as_histogram_quantile(q: float, values: list[float], want: float | None) -> None:
+    assert bucket_quantile(q, values, (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)) == (
+        pytest.approx(want) if want is not None else None
+    )

@@ -37,6 +37,8 @@ SCRAPE_JOB: Final = "xpyd-workers"
 # decision rather than over a minute. The simulator observes the same way (xpyd_sim.scaling).
 RATE_WINDOW: Final = "1m"
 RATE_WINDOW_S: Final = 60.0
+# The prompt-length quantiles scraped (PoolMetrics.prompt_tokens_p50, _p90, _p99): the SLO policy's prompt mix.
+PROMPT_QUANTILES: Final = (0.5, 0.9, 0.99)
 # Engine pods carry prometheus.io/scrape, /port and /path annotations (xpyd_operator.pools);
 # the cluster harness (xpyd_cluster.prometheus) uses the same relabeling.
 SCRAPE_CONFIG: Final = f"""\
@@ -112,7 +114,16 @@ def pool_queries(
         "generation_tokens_rate": f"sum {by} (irate({metrics.generation_tokens}{{{sel}}}[{window}]))",
         "request_rate": f"sum {by} (irate({metrics.ttft}_count{{{sel}}}[{window}]))",
         **({"prefix_hit_ratio": hit} if (hit := _hit_ratio(metrics, sel, by, window)) else {}),
+        **_prompt_quantiles(metrics, sel, by_le, window),
     }
+
+
+def _prompt_quantiles(metrics: MetricNames, sel: str, by_le: str, window: str) -> dict[str, str]:
+    """The prompt length at each of PROMPT_QUANTILES over the window, where the engine exports its histogram."""
+    if not metrics.prompt_length:
+        return {}
+    rate = f"sum {by_le} (rate({metrics.prompt_length}_bucket{{{sel}}}[{window}]))"
+    return {f"prompt_tokens_p{round(q * 100)}": f"histogram_quantile({q:g}, {rate})" for q in PROMPT_QUANTILES}
 
 
 def _hit_ratio(metrics: MetricNames, sel: str, by: str, window: str) -> str | None:

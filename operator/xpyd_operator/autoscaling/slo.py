@@ -35,13 +35,17 @@ from typing import Final
 from xpyd_api.models import SloSpec
 
 from .policy import XpydPolicy
+from .promql import PROMPT_QUANTILES
 from .promql import RATE_WINDOW_S as LATENCY_WINDOW_S
 from .slomodel import (
+    Mix,
     ReplicaPerf,
     corrected,
+    mix_mean,
+    mix_quantile,
+    mix_within,
+    prompt_classes,
     trend,
-    waiting_quantile,
-    within_probability,
 )
 from .types import (
     DECODE,
@@ -83,21 +87,27 @@ def mean_prompt(obs: PoolObservation) -> float:
 
 
 def prefill_ttft(
-    perf: ReplicaPerf, correction: float, new_tokens: float, rate_tokens: float, n: int, q: float, capacity: float
+    perf: ReplicaPerf, correction: float, prompts: Mix, rate_tokens: float, n: int, q: float, capacity: float
 ) -> tuple[float, float, float]:
-    """(TTFT at quantile q, mean service seconds, utilization) of `n` replicas computing `rate_tokens`/s.
+    """(TTFT at quantile q, mean service seconds, utilization) of `n` replicas computing `rate_tokens`/s of
+    prompts `prompts` ((share, new tokens) classes).
 
     The correction scales latency (service time); throughput is `capacity` tokens/s per replica.
     """
-    service = correction * perf.prefill_seconds(new_tokens)
+    mix = services(perf, correction, prompts)
     rho = rate_tokens / (max(n, 1) * capacity) if n > 0 else math.inf
-    return service + waiting_quantile(service, rho, q), service, rho
+    return mix_quantile(mix, rho, q), mix_mean(mix), rho
+
+
+def services(perf: ReplicaPerf, correction: float, prompts: Mix) -> list[tuple[float, float]]:
+    """(share, service seconds) of each class of prompts ((share, new tokens))."""
+    return [(w, correction * perf.prefill_seconds(tokens)) for w, tokens in prompts]
 
 
 def size_prefill(
     perf: ReplicaPerf,
     correction: float,
-    new_tokens: float,
+    prompts: Mix,
     rate_tokens: float,
     budget_s: float,
     q: float,
@@ -110,16 +120,33 @@ def size_prefill(
     it however idle the pool), the goal is the same share of what `top` reaches: more replicas would
     buy next to nothing.
     """
-    _, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, top, q, capacity)
-    best = within_probability(service, rho, budget_s)
+    mix = services(perf, correction, prompts)
+
+    def rho(n: int) -> float:
+        return rate_tokens / (n * capacity)
+
+    best = mix_within(mix, rho(top), budget_s)
     floor = q if best >= q else q * best
     for n in range(1, top + 1):
-        ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, n, q, capacity)
-        attain = within_probability(service, rho, budget_s)
-        if rho <= MAX_UTILIZATION and (ttft <= budget_s or attain >= floor):
-            return n, ttft, attain
-    ttft, service, rho = prefill_ttft(perf, correction, new_tokens, rate_tokens, top, q, capacity)
-    return top, ttft, within_probability(service, rho, budget_s)
+        attain = mix_within(mix, rho(n), budget_s)
+        if rho(n) <= MAX_UTILIZATION and attain >= floor:
+            return n, mix_quantile(mix, rho(n), q), attain
+    return top, mix_quantile(mix, rho(top), q), best
+
+
+def one_class(new_tokens: float) -> Mix:
+    """Every prompt as the mean one: the mix where no prompt-length quantile is scraped."""
+    return ((1.0, new_tokens),)
+
+
+def prompt_mix(obs: PoolObservation, hit: float) -> Mix:
+    """The pool's prompts as (share, new tokens) classes: from the prompt-length quantiles scraped over the
+    last minute where all are, else all at the mean prompt; the prefix cache's mean hit ratio taken off each."""
+    quantiles = (obs.prompt_tokens_p50, obs.prompt_tokens_p90, obs.prompt_tokens_p99)
+    if any(v is None or not v > 0 for v in quantiles):
+        return one_class(mean_prompt(obs) * (1.0 - hit))
+    pts = [(q, float(v or 0.0)) for q, v in zip(PROMPT_QUANTILES, quantiles, strict=True)]
+    return [(w, tokens * (1.0 - hit)) for w, tokens in prompt_classes(pts)]
 
 
 def size_decode(
@@ -312,6 +339,7 @@ class SloPolicy(XpydPolicy):
             return n, "slo: prompt-token rate missing: holding", st
         hit = min(1.0, max(0.0, obs.prefix_hit_ratio or 0.0))
         prompt = mean_prompt(obs)
+        prompts = prompt_mix(obs, hit)
         new_tokens = prompt * (1.0 - hit)
         rate = obs.prompt_tokens_rate * (1.0 - hit)
         c = st.correction or 1.0
@@ -325,7 +353,7 @@ class SloPolicy(XpydPolicy):
         before = st.queue[1] if st.queue is not None else 0.0
         steady = obs.ready >= obs.replicas and max(waiting, before) <= obs.ready and settled(st, now, ready_s)
         if obs.ready and obs.ttft_p90 is not None and steady:
-            predicted, _, rho = prefill_ttft(perf, c, new_tokens, rate, obs.ready, OBSERVED_Q, capacity)
+            predicted, _, rho = prefill_ttft(perf, c, prompts, rate, obs.ready, OBSERVED_Q, capacity)
             if rho >= 0.05 and math.isfinite(predicted):
                 c = corrected(st.correction, obs.ttft_p90, predicted / c) or 1.0
         growth, st = queue_growth(st, now, waiting)
@@ -338,7 +366,7 @@ class SloPolicy(XpydPolicy):
         budget = slo.ttft_seconds * TTFT_MARGIN - handoff
         q = planned_quantile(slo)
         top = inputs.bounds[PREFILL].max_replicas
-        need, ttft, attain = size_prefill(perf, c, new_tokens, demand, budget, q, top, capacity)
+        need, ttft, attain = size_prefill(perf, c, prompts, demand, budget, q, top, capacity)
         if idle(obs) and demand <= 0:
             need = 0  # no prompt to compute: the pool's minReplicas (0 lets it go to zero; held requests wake it)
         st = replace(st, correction=c, predicted=round(attain, 4))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Final
 
 from xpyd_api.models import DisaggregatedDeploymentSpec
@@ -110,15 +111,72 @@ def waiting_quantile(service_s: float, utilization: float, q: float) -> float:
     return service_s / (1.0 - utilization) * math.log(utilization / tail)
 
 
-def within_probability(service_s: float, utilization: float, budget_s: float) -> float:
-    """Share of requests whose service plus queueing fits `budget_s` (the same M/M/1 tail)."""
-    if budget_s < service_s:
+def wait_within(wait_s: float, service_s: float, utilization: float) -> float:
+    """P(queueing delay <= wait_s) at this mean service time and utilization (the same M/M/1 tail)."""
+    if wait_s < 0:
         return 0.0
     if utilization <= 0:
         return 1.0
     if utilization >= 1:
         return 0.0
-    return max(0.0, 1.0 - utilization * math.exp(-(1.0 - utilization) * (budget_s - service_s) / service_s))
+    return max(0.0, 1.0 - utilization * math.exp(-(1.0 - utilization) * wait_s / service_s))
+
+
+def within_probability(service_s: float, utilization: float, budget_s: float) -> float:
+    """Share of requests whose service plus queueing fits `budget_s` (the same M/M/1 tail)."""
+    return wait_within(budget_s - service_s, service_s, utilization)
+
+
+# A pool's prompts as classes of (share of requests, seconds of service): a prompt waits behind the pool's
+# mean service, then takes its own; so the long ones miss a TTFT budget that the mean prompt meets.
+Mix = Sequence[tuple[float, float]]
+# Class edges in quantile space: tenths up to the 90th percentile, finer in the tail a TTFT goal lives in.
+MIX_EDGES: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.92, 0.94, 0.96, 0.98, 0.99, 0.995, 1.0)
+
+
+def prompt_classes(quantiles: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(share, prompt tokens) classes from a few quantiles of prompt length ((q, tokens), q ascending): the
+    quantile function piecewise linear through them from (0, 0), its last slope carried on to q = 1; each
+    class between two MIX_EDGES priced at its middle."""
+    pts = [(0.0, 0.0)]
+    for q, tokens in quantiles:
+        pts.append((q, max(tokens, pts[-1][1])))  # histogram quantiles are monotone; guard anyway
+    (q1, t1), (q2, t2) = pts[-2], pts[-1]
+    if q2 < 1.0:
+        pts.append((1.0, t2 + (t2 - t1) / (q2 - q1) * (1.0 - q2) if q2 > q1 else t2))
+
+    def at(u: float) -> float:
+        for (qa, ta), (qb, tb) in pairwise(pts):
+            if u <= qb:
+                return ta + (tb - ta) * (u - qa) / (qb - qa)
+        return pts[-1][1]
+
+    return [(hi - lo, at((lo + hi) / 2)) for lo, hi in pairwise(MIX_EDGES)]
+
+
+def mix_mean(mix: Mix) -> float:
+    return sum(w * s for w, s in mix)
+
+
+def mix_within(mix: Mix, utilization: float, budget_s: float) -> float:
+    """Share of requests of `mix` ((share, service seconds)) whose service plus queueing (behind the mix's
+    mean service) fits `budget_s`."""
+    mean = mix_mean(mix)
+    return sum(w * wait_within(budget_s - s, mean, utilization) for w, s in mix)
+
+
+def mix_quantile(mix: Mix, utilization: float, q: float) -> float:
+    """The q-quantile of service plus queueing over `mix` (bisection on mix_within; exact for one class)."""
+    if utilization >= 1:
+        return math.inf
+    lo, hi = 0.0, max(s for _, s in mix) + waiting_quantile(mix_mean(mix), utilization, q)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mix_within(mix, utilization, mid) >= q:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def trend(points: Sequence[tuple[float, float]]) -> float:

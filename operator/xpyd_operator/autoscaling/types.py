@@ -51,6 +51,11 @@ class PoolMetrics:
     generation_tokens_rate: float | None = None  # sum of irate(vllm:generation_tokens_total), tokens/s
     request_rate: float | None = None  # requests/s finishing prefill (irate of the TTFT histogram's count)
     prefix_hit_ratio: float | None = None  # prefix-cache hits / queries over the last minute, 0..1
+    # prompt length (tokens) at the 50th, 90th and 99th percentile of the requests over the last minute
+    # (histogram_quantile of vllm:request_prompt_tokens); None where the engine does not export it
+    prompt_tokens_p50: float | None = None
+    prompt_tokens_p90: float | None = None
+    prompt_tokens_p99: float | None = None
     # requests the deployment's router replicas hold for a worker to start (xpyd_router_held_requests):
     # the demand that wakes a pool at zero, the same figure on every pool (None: not scraped)
     held: float | None = None
