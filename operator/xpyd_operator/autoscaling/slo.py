@@ -5,8 +5,10 @@ from the engines' own latency. Both pools are one decision over the same traffic
 
 - prefill from the prompt-token rate less the prefix-cache hits, plus the prompts that arrived
   unserved (the queue's growth since the last decision), at the smallest size whose TTFT at the
-  planned quantile (service + queueing) fits the target less the KV handoff; where no size reaches
-  the quantile (prompts too long for the budget however idle the pool), at the smallest size that
+  planned quantile (service + queueing) fits the target less the KV handoff; the prompts priced as
+  the mix they come in (classes from the prompt length's p50, p90 and p99, each waiting behind the
+  mean service, then taking its own), so the long ones set TTFT's tail; where no size reaches the
+  quantile (prompts too long for the budget however idle the pool), at the smallest size that
   reaches the goal's share of what the pool's bound reaches;
 - decode from the sequences it runs and those about to arrive (queued here and at prefill), at the
   smallest size whose decode step (the ITL) fits the target, whose KV cache holds them with
