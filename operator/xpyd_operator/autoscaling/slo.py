@@ -372,9 +372,14 @@ class SloPolicy(XpydPolicy):
         if idle(obs) and demand <= 0:
             need = 0  # no prompt to compute: the pool's minReplicas (0 lets it go to zero; held requests wake it)
         st = replace(st, correction=c, predicted=round(attain, 4))
+        lengths = (
+            f"prompts p50/p99 {obs.prompt_tokens_p50:.0f}/{obs.prompt_tokens_p99:.0f} tok"
+            if len(prompts) > 1
+            else f"prompts ~{prompt:.0f} tok"
+        )
         msg = (
-            f"slo: {obs.prompt_tokens_rate:.0f} prompt tok/s, hit {hit:.0%}, demand {demand:.0f} tok/s -> {need}"
-            f" (TTFT p{q * 100:g} {ttft:.2f}s of {budget:.2f}s budget; {learnt(c, attain, ready_s)})"
+            f"slo: {obs.prompt_tokens_rate:.0f} prompt tok/s, {lengths}, hit {hit:.0%}, demand {demand:.0f} tok/s"
+            f" -> {need} (TTFT p{q * 100:g} {ttft:.2f}s of {budget:.2f}s budget; {learnt(c, attain, ready_s)})"
         )
         return need, msg, st
 
