@@ -42,7 +42,6 @@ from xpyd_operator.autoscaling.slomodel import (
     replica_perfs,
     trend,
     waiting_quantile,
-    within_probability,
 )
 from xpyd_operator.autoscaling.spec import PoolRuntime, evaluate, policy_for, policy_inputs
 from xpyd_operator.autoscaling.types import (
@@ -149,8 +148,8 @@ def test_waiting_quantile(service: float, rho: float, q: float, want: float) -> 
     ("service", "rho", "budget", "want"),
     [(0.1, 0.0, 1.0, 1.0), (0.1, 0.5, 0.05, 0.0), (0.1, 1.0, 1.0, 0.0), (0.1, 0.5, 0.1, 0.5)],
 )
-def test_within_probability(service: float, rho: float, budget: float, want: float) -> None:
-    assert within_probability(service, rho, budget) == pytest.approx(want)
+def test_within_budget_for_one_class(service: float, rho: float, budget: float, want: float) -> None:
+    assert mix_within([(1.0, service)], rho, budget) == pytest.approx(want)
 
 
 @pytest.mark.parametrize(
@@ -158,7 +157,8 @@ def test_within_probability(service: float, rho: float, budget: float, want: flo
 )
 def test_one_class_mix_is_the_closed_form(service: float, rho: float, q: float) -> None:
     assert mix_quantile([(1.0, service)], rho, q) == pytest.approx(service + waiting_quantile(service, rho, q))
-    assert mix_within([(1.0, service)], rho, 0.5) == pytest.approx(within_probability(service, rho, 0.5))
+    closed = 1.0 if rho <= 0 else 1 - rho * math.exp(-(1 - rho) * (0.5 - service) / service)  # M/M/1 tail
+    assert mix_within([(1.0, service)], rho, 0.5) == pytest.approx(closed)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +310,7 @@ def test_a_goal_out_of_reach_is_planned_as_its_share_of_the_best() -> None:
     cap = perf.prefill_tokens_per_second()
     n, _, attain = size_prefill(perf, 2.6, one_class(8_000), 0.6 * cap, 0.99, 0.99, 16, cap)
     _, service, rho = prefill_ttft(perf, 2.6, one_class(8_000), 0.6 * cap, 16, 0.99, cap)
-    best = within_probability(service, rho, 0.99)
+    best = mix_within([(1.0, service)], rho, 0.99)
     assert best < 0.99 and n < 16 and attain >= 0.99 * best
 
 

@@ -122,11 +122,6 @@ def wait_within(wait_s: float, service_s: float, utilization: float) -> float:
     return max(0.0, 1.0 - utilization * math.exp(-(1.0 - utilization) * wait_s / service_s))
 
 
-def within_probability(service_s: float, utilization: float, budget_s: float) -> float:
-    """Share of requests whose service plus queueing fits `budget_s` (the same M/M/1 tail)."""
-    return wait_within(budget_s - service_s, service_s, utilization)
-
-
 # A pool's prompts as classes of (share of requests, seconds of service): a prompt waits behind the pool's
 # mean service, then takes its own; so the long ones miss a TTFT budget that the mean prompt meets.
 Mix = Sequence[tuple[float, float]]
