@@ -132,9 +132,11 @@ def test_a_hub_that_never_answers_is_given_up_on_in_time(tmp_path: Path, caplog:
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
         start = time.monotonic()
         assert load_hub_tokenizer(SPEC, options=_options(tmp_path, endpoint, deadline_s=1.0)) is None
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < 4.0  # the deadline, plus in_thread's 1 s of grace, plus a busy machine
     [line] = _warnings(caplog)
-    assert "timed out at 127.0.0.1" in line and SPEC in line
+    # Either bound may end it: the socket's read timeout (the fetch's own deadline) or, on a machine busy
+    # enough that building the client ate the grace, in_thread's join. Both are one line naming the spec.
+    assert SPEC in line and ("timed out at 127.0.0.1" in line or "no answer within 1s" in line), line
 
 
 def test_an_unreachable_hub(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
