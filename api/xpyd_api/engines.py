@@ -36,7 +36,7 @@ class MetricNames:
     queue_time: str  # histogram
     prompt_tokens: str
     generation_tokens: str
-    prompt_length: str | None = None  # histogram of each finished request's prompt tokens (vLLM)
+    prompt_length: str | None = None  # histogram of each finished request's prompt tokens
     prefix_queries: str | None = None  # tokens looked up in the prefix cache (vLLM)
     prefix_hits: str | None = None
     cache_hit_rate: str | None = None  # a 0-1 gauge where the engine exports a ratio instead (SGLang)
@@ -72,6 +72,7 @@ SGLANG_METRICS: Final = MetricNames(
     queue_time="sglang:queue_time_seconds",
     prompt_tokens="sglang:prompt_tokens_total",
     generation_tokens="sglang:generation_tokens_total",
+    prompt_length=names.SGL_PROMPT_LENGTH,
     cache_hit_rate="sglang:cache_hit_rate",
 )
 # vLLM before 0.11.1 exports no NIXL series
@@ -102,8 +103,9 @@ class EngineProfile:
     # vLLM: data-parallel rank r's NIXL side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + r (0.11.1 on),
     # + r x tensor-parallel size before (the network policy opens that range)
     side_channel_stride: Literal["rank", "rank-x-tp"] = "rank"
-    # SGLang serves /metrics only with --enable-metrics
-    metrics_flag: str | None = None
+    # SGLang serves /metrics only with --enable-metrics, and before 0.5.23 the prompt-length histogram (the SLO
+    # autoscaler's prompt mix) only with --collect-tokens-histogram as well
+    metrics_flags: tuple[str, ...] = ()
     # how the engine turns chat messages into prompt text (content format, joins, null keys): the router's keys
     chat: ChatFlavour = "vllm"
     # whose token ids the engine's KV blocks hold: the served model's tokenizer, or the emulator's own
@@ -156,11 +158,12 @@ PROFILES: Final[tuple[EngineProfile, ...]] = (
     ),
     EngineProfile(
         "sglang", (0, 5, 23), "lmsysorg/sglang:v0.5.23", ("0.5.23",), "bootstrap", SGLANG_METRICS,
-        dp_attention="attn-dp-size", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
+        dp_attention="attn-dp-size", metrics_flags=("--enable-metrics",), chat="sglang", kv_offload="hicache",
     ),
     EngineProfile(
         "sglang", (0, 5, 3), "lmsysorg/sglang:v0.5.3", ("0.5.3",), "bootstrap", SGLANG_METRICS,
-        dp_attention="enable-dp-attention", metrics_flag="--enable-metrics", chat="sglang", kv_offload="hicache",
+        dp_attention="enable-dp-attention",
+        metrics_flags=("--enable-metrics", "--collect-tokens-histogram"), chat="sglang", kv_offload="hicache",
     ),
 )  # fmt: skip
 # The emulator speaks the newest vLLM's protocol and flags, and models vLLM's native CPU tier from either form the
@@ -325,7 +328,7 @@ def _matrix_row(p: EngineProfile, newer: EngineProfile | None) -> list[str]:
         "yes" if p.multi_node_tp else "no (needs Ray)",
         ("yes" if p.rank_header else "no: the engine balances") if vllm else "no: the engine balances",
         _DP_ATTENTION[p.dp_attention],
-        f"with `{p.metrics_flag}`" if p.metrics_flag else "always",
+        f"with `{' '.join(p.metrics_flags)}`" if p.metrics_flags else "always",
         _KV_OFFLOAD[p.kv_offload],
     ]
 
@@ -343,6 +346,7 @@ _METRIC_ROWS: Final = (
     ("waiting requests", "waiting"), ("running requests", "running"), ("KV cache usage (0-1)", "kv_usage"),
     ("time to first token", "ttft"), ("inter-token latency", "itl"), ("end-to-end latency", "e2e"),
     ("queue time", "queue_time"), ("prompt tokens", "prompt_tokens"), ("generated tokens", "generation_tokens"),
+    ("prompt length per request", "prompt_length"),
     ("prefix-cache queries", "prefix_queries"), ("prefix-cache hits", "prefix_hits"),
     ("prefix-cache hit rate", "cache_hit_rate"), ("KV transfers (decode side)", "kv_transfers"),
 )  # fmt: skip

@@ -54,6 +54,8 @@ def token_buckets(max_model_len: int) -> tuple[float, ...]:
 SGL_WAITING: Final = "sglang:num_queue_reqs"
 SGL_RUNNING: Final = "sglang:num_running_reqs"
 SGL_USAGE: Final = "sglang:token_usage"
+# each finished request's prompt tokens: with --enable-metrics from 0.5.23, with --collect-tokens-histogram too before
+SGL_PROMPT_LENGTH: Final = "sglang:prompt_tokens_histogram"
 
 # --- the router's own (label deployment) ---
 ROUTER_REQUESTS: Final = "xpyd_router_requests_total"

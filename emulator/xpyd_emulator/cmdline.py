@@ -147,6 +147,8 @@ def _engine_parser(engine: str) -> argparse.ArgumentParser:
     p.add_argument("--config", default=None)
     if engine == "sglang":
         p.add_argument("--enable-metrics", dest="enable_metrics", action="store_true")
+        # 0.5.3's switch for the prompt-length histogram; the emulator exports it as 0.5.23 does, always
+        p.add_argument("--collect-tokens-histogram", dest="tokens_histogram", action="store_true")
         p.add_argument(
             "--attn-dp-size", dest="attn_dp", type=POSITIVE, default=None
         )  # 0.5.23's data-parallel attention

@@ -127,6 +127,9 @@ def _sglang(*flags: str) -> Worker:
         (("--enable-metrics",), 200, (SGLANG_METRICS.waiting, SGLANG_METRICS.running, SGLANG_METRICS.kv_usage[0],
                                       SGLANG_METRICS.cache_hit_rate, SGLANG_METRICS.ttft + "_count"),
          (VLLM_METRICS.waiting, VLLM_METRICS.prefix_queries, "vllm:cache_config_info")),
+        # 0.5.3 exports the prompt-length histogram only with --collect-tokens-histogram (0.5.23 always)
+        (("--enable-metrics", "--collect-tokens-histogram"), 200, (f"{SGLANG_METRICS.prompt_length}_bucket",),
+         (f"{VLLM_METRICS.prompt_length}_bucket",)),
     ],
 )  # fmt: skip
 async def test_sglang_metrics_only_with_enable_metrics_and_by_sglang_names(

@@ -21,8 +21,8 @@ class SglangRenderer:
     def argv(self, spec: DisaggregatedDeploymentSpec, role: str, pool: PoolSpec, profile: EngineProfile) -> list[str]:
         argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
         argv += ["--host", "0.0.0.0", "--port", str(L.ENGINE_PORT)]
-        if profile.metrics_flag:  # no /metrics without it: no autoscaling, drain count or dashboards
-            argv.append(profile.metrics_flag)
+        # no /metrics without them: no autoscaling, drain count or dashboards (nor the SLO policy's prompt mix)
+        argv += profile.metrics_flags
         argv += ["--tp-size", str(pool.tp * pool.data_parallel_size)]  # spans the data-parallel attention ranks
         if pool.pipeline_parallel_size > 1:
             argv += ["--pp-size", str(pool.pipeline_parallel_size)]
