@@ -49,8 +49,12 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# Unit and integration tests in two passes: most in parallel (pytest-xdist, TEST_WORKERS processes, each taking
+# whole files), then those tests/conftest.py marks serial (real engines, real Prometheus, wall-clock comparisons) alone.
+TEST_WORKERS ?= 3
 unit: venv tools real-vllm
-	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -m serial $(PYTEST_ARGS)
 
 e2e: venv real-vllm
 	@if [ -n "$(E2E_KUBECONFIG)" ]; then \

@@ -21,6 +21,20 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+# Run alone, after the rest (`make unit` runs the rest in parallel with pytest-xdist): the real vLLM, the fault
+# cases that start a router and several workers each and count what they lose, and the autoscaler's queries
+# against a real Prometheus scraping every second; beside other tests on a busy machine they miss their deadlines.
+SERIAL: tuple[str, ...] = ("realengine/", "reliability/", "autoscaler/test_prometheus_real.py")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.resolve()
+        if where.is_relative_to(TESTS) and where.relative_to(TESTS).as_posix().startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

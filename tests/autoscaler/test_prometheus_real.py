@@ -143,7 +143,13 @@ async def until(
 
 async def test_pool_metrics_from_real_prometheus(prometheus: str, workers: dict[str, Worker]) -> None:
     async with PrometheusClient(prometheus, timeout=2) as c:
-        got = await until(c, lambda g: g["prefill"].reporting == 2 and (g["prefill"].prompt_tokens_rate or 0) > 1500)
+        # each field is its own query: wait until every one has seen both prefill workers and the decode one
+        def complete(g: dict[str, PoolMetrics]) -> bool:
+            p, d = g["prefill"], g["decode"]
+            fields = (p.running, p.ttft_p90, p.prompt_tokens_p99, d.waiting, d.kv_usage)
+            return p.reporting == 2 and (p.prompt_tokens_rate or 0) > 1500 and None not in fields
+
+        got = await until(c, complete)
         p, d = got["prefill"], got["decode"]
         assert (p.waiting, p.running, p.reporting) == (4.0, 2.0, 2)  # the other deployment is excluded
         assert (d.waiting, d.kv_usage, d.reporting) == (0.0, 0.6, 1)
