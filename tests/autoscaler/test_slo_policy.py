@@ -98,6 +98,13 @@ def light_decode(n: int, running: float = 20.0, **kw: Any) -> PoolObservation:
     return obs(n, running=running, kv_usage=0.01, **kw)
 
 
+def test_demand_over_the_bounds_capacity_says_so_in_words() -> None:
+    flood = busy_prefill(2, 100.0 * PERF["prefill"].prefill_tokens_per_second())  # no pool size serves it
+    d = SloPolicy().decide(inputs(flood, light_decode(2)), {}, NOW)
+    message = d.pools["prefill"].message
+    assert "unbounded (demand over capacity)" in message and "inf" not in message, message
+
+
 # --- the model's correction ---------------------------------------------------------------------
 
 

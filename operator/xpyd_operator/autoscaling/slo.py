@@ -253,6 +253,11 @@ def settled(st: PoolState, now: float, ready_s: float) -> bool:
     return st.last_scale_time is None or now - st.last_scale_time >= LATENCY_WINDOW_S + ready_s
 
 
+def latency(seconds: float) -> str:
+    """A planned latency for a message: a queue that grows without bound (demand over capacity) has none."""
+    return f"{seconds:.2f}s" if math.isfinite(seconds) else "unbounded (demand over capacity)"
+
+
 def learnt(correction: float, attainment: float, ready_s: float) -> str:
     """What the policy has learnt so far, as its messages say it."""
     return f"correction x{correction:.2f}; predicted attainment {attainment:.1%}; ready in ~{ready_s:.0f}s"
@@ -379,7 +384,7 @@ class SloPolicy(XpydPolicy):
         )
         msg = (
             f"slo: {obs.prompt_tokens_rate:.0f} prompt tok/s, {lengths}, hit {hit:.0%}, demand {demand:.0f} tok/s"
-            f" -> {need} (TTFT p{q * 100:g} {ttft:.2f}s of {budget:.2f}s budget; {learnt(c, attain, ready_s)})"
+            f" -> {need} (TTFT p{q * 100:g} {latency(ttft)} of {budget:.2f}s budget; {learnt(c, attain, ready_s)})"
         )
         return need, msg, st
 
