@@ -10,6 +10,7 @@ $PY bench/router/run.py
 $PY bench/sim/run.py
 $PY bench/autoscaler/azure.py --scale 8
 $PY bench/autoscaler/slo_frontier.py
+$PY bench/autoscaler/slo_heldout.py
 $PY bench/moe/run.py
 $PY bench/moe/simulate.py
 $PY bench/dp/run.py
