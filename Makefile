@@ -50,7 +50,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 # Unit and integration tests in two passes: most in parallel (pytest-xdist, TEST_WORKERS processes, each taking
-# whole files), then those tests/conftest.py marks serial (real engines, real Prometheus, wall-clock comparisons) alone.
+# whole files), then those tests/conftest.py marks serial (the real vLLM, the fault cases, real Prometheus) alone.
 TEST_WORKERS ?= 3
 unit: venv tools real-vllm
 	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
