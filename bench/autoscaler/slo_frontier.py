@@ -79,20 +79,25 @@ class Setting:
     static: tuple[tuple[str, int], ...] = ()  # a fixed size per pool (the reference row, no autoscaler)
 
 
-def shaped(rate: Callable[[float], float], peak: float, duration: float, seed: int) -> Iterator[traces.TraceRequest]:
-    """Poisson arrivals at `rate(t)` req/s (thinning under `peak`), log-normal lengths like the synthetic trace's."""
-    rng = random.Random(seed)
-    t, seq, sigma = 0.0, 0, 0.6
+def arrival_times(rate: Callable[[float], float], peak: float, duration: float, rng: random.Random) -> Iterator[float]:
+    """Poisson arrival times at `rate(t)` req/s up to `duration`, by thinning a `peak` req/s process. The
+    caller shares `rng` and draws each request's lengths from it between two times."""
+    t = 0.0
     while True:
         t += rng.expovariate(peak)
         if t >= duration:
             return
-        if rng.random() > rate(t) / peak:
-            continue
+        if rng.random() <= rate(t) / peak:
+            yield t
+
+
+def shaped(rate: Callable[[float], float], peak: float, duration: float, seed: int) -> Iterator[traces.TraceRequest]:
+    """Poisson arrivals at `rate(t)` req/s (thinning under `peak`), log-normal lengths like the synthetic trace's."""
+    rng, sigma = random.Random(seed), 0.6
+    for seq, t in enumerate(arrival_times(rate, peak, duration, rng)):
         inp = max(1, int(rng.lognormvariate(math.log(2048) - sigma**2 / 2, sigma)))
         out = max(1, int(rng.lognormvariate(math.log(256) - sigma**2 / 2, sigma)))
         yield traces.TraceRequest(t, inp, out, traces.fresh_blocks(inp, seq))
-        seq += 1
 
 
 def loads(duration: float) -> list[Load]:

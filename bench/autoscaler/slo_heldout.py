@@ -51,22 +51,15 @@ def arrivals(
     """Poisson arrivals at `rate(t)` req/s (thinning under `peak`); prompts drawn by `prompt`, outputs
     log-normal; with `shared_tokens`, each request opens with one of 4 tenants' system prompts."""
     rng = random.Random(seed)
-    t, seq = 0.0, 0
     out = lognormal(output_mean)
     shared = shared_tokens // traces.MOONCAKE_BLOCK_TOKENS
-    while True:
-        t += rng.expovariate(peak)
-        if t >= duration:
-            return
-        if rng.random() > rate(t) / peak:
-            continue
+    for seq, t in enumerate(frontier.arrival_times(rate, peak, duration, rng)):
         tokens = prompt(rng)
         blocks = traces.fresh_blocks(tokens, seq)
         if shared:
             first = SHARED_BASE + rng.randrange(4) * 10**6
             blocks = tuple(range(first, first + shared)) + blocks[shared:]
         yield traces.TraceRequest(t, tokens, out(rng), blocks)
-        seq += 1
 
 
 def loads(duration: float) -> list[frontier.Load]:
