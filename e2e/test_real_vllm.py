@@ -289,11 +289,19 @@ def test_the_router_index_hears_the_engines_kv_events(deployed: Deployed) -> Non
 
 def test_prometheus_scrapes_the_real_metrics_and_the_autoscaler_reads_them(deployed: Deployed) -> None:
     sel = selector(deployed.ns, NAME)
+
+    def pods_in(series: list[dict[str, Any]]) -> set[tuple[str | None, str | None]]:
+        return {(s["metric"].get("xpyd_role"), s["metric"].get("pod")) for s in series}
+
+    def of_all_three(name: str) -> list[dict[str, Any]]:
+        series = prom(f"{name}{{{sel}}}")
+        return series if len(pods_in(series)) == 3 else []
+
     for name in (VLLM_METRICS.running, VLLM_METRICS.waiting, VLLM_METRICS.kv_usage[0]):
-        series = poll(lambda n=name: prom(f"{n}{{{sel}}}"), 60)  # type: ignore[misc]
-        assert series, f"Prometheus has no {name}{{{sel}}}"
-        pods = {(s["metric"].get("xpyd_role"), s["metric"].get("pod")) for s in series}
-        assert {role for role, _ in pods} == {"prefill", "decode"} and len(pods) == 3, series
+        # each pod's first scrape comes on its own schedule: wait until all three pods have been scraped
+        series = poll(lambda n=name: of_all_three(n), 60)  # type: ignore[misc]
+        assert series, f"Prometheus lacks {name} of some pod: {prom(f'{name}{{{sel}}}')}"
+        assert {role for role, _ in pods_in(series)} == {"prefill", "decode"}, series
 
     def healthy() -> dict[str, Any] | None:
         dd = find_json("dd", NAME, "-n", deployed.ns) or {}
@@ -336,6 +344,9 @@ def test_scaling_prefill_down_under_load_loses_nothing(deployed: Deployed) -> No
     failed = grew(names.ROUTER_HANDOFF_FAILURES)
     assert grew(names.ROUTER_HANDOFF_RETRIES) == failed, f"{failed} failed handoffs, not each retried"
     assert failed <= LOAD_CLIENTS, f"{failed} handoffs failed: more than the requests in flight when the pod went"
+    # decode's NIXL counters are updated after the read completes, the last ones a moment after the answers
+    before_reads = metric_sum(decode_page, NIXL_READS)
+    poll(lambda: metric_sum(scrape(decode), NIXL_READS) - before_reads >= handed_off - failed, 30)
     after = scrape(decode)
     reads = metric_sum(after, NIXL_READS) - metric_sum(decode_page, NIXL_READS)
     assert reads >= handed_off - failed, f"{reads} NIXL reads for {handed_off} handoffs, {failed} of them failed"
