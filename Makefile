@@ -51,18 +51,25 @@ lint: venv
 
 # Unit and integration tests in two passes: most in parallel (pytest-xdist, TEST_WORKERS processes, each taking
 # whole files), then those tests/conftest.py marks serial (the real vLLM, the fault cases, real Prometheus) alone.
+# pytest exits 5 when it selects nothing: where PYTEST_ARGS picks tests (-k), one of the two passes may select none.
 TEST_WORKERS ?= 3
+OK_EMPTY = $(if $(PYTEST_ARGS),|| [ $$? -eq 5 ])
 unit: venv tools real-vllm
-	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS)
-	$(VENV)/bin/pytest tests -m serial $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) $(OK_EMPTY)
+	$(VENV)/bin/pytest tests -m serial $(PYTEST_ARGS) $(OK_EMPTY)
 
+# e2e in two passes too: most files on E2E_WORKERS processes at once, then those e2e/conftest.py marks serial alone
+# (the tests that stop, change or fill what every test shares: the control plane, Prometheus, the CRD, the nodes).
+E2E_WORKERS ?= 2
 e2e: venv real-vllm
 	@if [ -n "$(E2E_KUBECONFIG)" ]; then \
-	  KUBECONFIG="$(E2E_KUBECONFIG)" $(VENV)/bin/pytest e2e -m e2e $(PYTEST_ARGS); \
+	  export KUBECONFIG="$(E2E_KUBECONFIG)"; \
 	else \
 	  $(MAKE) --no-print-directory cluster-up && \
-	  KUBECONFIG="$(LOCAL_KUBECONFIG)" PATH="$(XPYD_CACHE)/bin:$$PATH" $(VENV)/bin/pytest e2e -m e2e $(PYTEST_ARGS); \
-	fi
+	  export KUBECONFIG="$(LOCAL_KUBECONFIG)" PATH="$(XPYD_CACHE)/bin:$$PATH"; \
+	fi && \
+	{ $(VENV)/bin/pytest e2e -m "e2e and not serial" -n $(E2E_WORKERS) --dist loadfile $(PYTEST_ARGS) $(OK_EMPTY); } && \
+	{ $(VENV)/bin/pytest e2e -m "e2e and serial" $(PYTEST_ARGS) $(OK_EMPTY); }
 
 test: lint unit e2e
 

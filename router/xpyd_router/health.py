@@ -51,7 +51,7 @@ class HealthChecker:
     async def check(self, *names: str) -> None:
         """The targets of one API server (itself, or its data-parallel ranks): one /health probe when
         any is down (or new) and may come back, one /metrics scrape for all; a down target must pass
-        the probe before the metrics can bring it back."""
+        the probe before the metrics can bring it back (or their late answer: it is busy, not gone)."""
         workers = self.pool.workers
         names = tuple(n for n in names if n in workers)
         if not names:
@@ -59,14 +59,20 @@ class HealthChecker:
         base = split_target(names[0])[0]
         due = [n for n in names if workers[n].healthy]
         down = [n for n in names if not workers[n].healthy and not self.pool.held(n)]
-        if down and await self.probe(base):
+        probed = bool(down) and await self.probe(base)
+        if probed:
             due += down
         if not due:
             return
         metrics = await self.scrape(base)
         slow = isinstance(metrics, TimeoutError)
         for name in due:
-            self.pool.apply_metrics(name, None if isinstance(metrics, TimeoutError) else metrics, timed_out=slow)
+            if slow and probed and name in down:
+                # alive by the probe it just passed, busy computing (an engine under load answers /metrics
+                # late): up without figures, which the next scrape brings, rather than down until one is quiet
+                self.pool.apply_metrics(name, NO_METRICS)
+            else:
+                self.pool.apply_metrics(name, None if isinstance(metrics, TimeoutError) else metrics, timed_out=slow)
 
     async def check_all(self) -> None:
         by_server: dict[str, list[str]] = {}

@@ -94,3 +94,47 @@ async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy
         finally:
             await checker.close()
             await runner.cleanup()
+
+
+@pytest.mark.parametrize(("down", "healthy"), [(True, True), (False, True)])
+async def test_a_worker_that_answers_health_but_metrics_late_comes_up(down: bool, healthy: bool) -> None:
+    """An engine busy computing (a CPU vLLM under load) answers /health at once and /metrics late: the probe it
+    just passed says it is alive, so it comes up without figures rather than waiting for a quiet scrape; a
+    worker already up stays up through one slow scrape (pool.SLOW_SCRAPES)."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from xpyd_router.health import HealthChecker
+    from xpyd_router.policy.registry import KvAwarePolicy
+    from xpyd_router.pool import WorkerPool, WorkerSpec
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
+    async def metrics(_: web.Request) -> web.Response:
+        await asyncio.sleep(2.0)
+        return web.Response(text="vllm:num_requests_waiting 2\n")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    pool = WorkerPool(KvAwarePolicy(), 256)
+    pool.set_workers([WorkerSpec(url, "worker")])
+    pool.workers[url].healthy = not down
+    async with aiohttp.ClientSession() as session:
+        checker = HealthChecker(session, pool, timeout=0.3)
+        try:
+            await checker.check(url)
+            assert pool.workers[url].healthy is healthy
+            assert pool.workers[url].waiting == 0  # no figure read: none made up
+        finally:
+            await checker.close()
+            await runner.cleanup()
