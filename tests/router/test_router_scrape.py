@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from xpyd_api.engines import METRICS
 from xpyd_router import scrape
+from xpyd_router.health import HealthChecker
+from xpyd_router.policy.registry import KvAwarePolicy
+from xpyd_router.pool import WorkerPool, WorkerSpec
 from xpyd_router.scrape import parse_metrics
 
 VLLM = """# HELP vllm:num_requests_waiting Number of requests waiting.
@@ -58,22 +67,15 @@ def test_the_scraper_takes_its_names_from_the_engine_profiles() -> None:
     assert "vllm:gpu_cache_usage_perc" in scrape.ALIASES
 
 
-@pytest.mark.parametrize(("status", "body", "healthy"), [(404, "", True), (200, "vllm:num_requests_waiting 2\n", True),
-                                                         (500, "", False)])  # fmt: skip
-async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy: bool) -> None:
-    """SGLang serves /metrics only with --enable-metrics: a 404 there is a live worker with no figures."""
-    import aiohttp
-    from aiohttp import web
-
-    from xpyd_router.health import HealthChecker
-    from xpyd_router.policy.registry import KvAwarePolicy
-    from xpyd_router.pool import WorkerPool, WorkerSpec
+@asynccontextmanager
+async def checked_worker(
+    metrics: Callable[[web.Request], Awaitable[web.Response]], healthy: bool = False, probe_s: float = 2.0
+) -> AsyncIterator[tuple[WorkerPool, HealthChecker, str]]:
+    """A worker on loopback answering /health at once and /metrics with `metrics`, in a pool (up or down) with a
+    health checker whose probes and scrapes time out after `probe_s` seconds."""
 
     async def health(_: web.Request) -> web.Response:
         return web.Response()
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(status=status, text=body)
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -86,55 +88,40 @@ async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy
     url = f"http://127.0.0.1:{port}"
     pool = WorkerPool(KvAwarePolicy(), 256)
     pool.set_workers([WorkerSpec(url, "worker")])
+    pool.workers[url].healthy = healthy
     async with aiohttp.ClientSession() as session:
-        checker = HealthChecker(session, pool)
+        checker = HealthChecker(session, pool, timeout=probe_s)
         try:
-            await checker.check(url)
-            assert pool.workers[url].healthy is healthy
+            yield pool, checker, url
         finally:
             await checker.close()
             await runner.cleanup()
 
 
-@pytest.mark.parametrize(("down", "healthy"), [(True, True), (False, True)])
-async def test_a_worker_that_answers_health_but_metrics_late_comes_up(down: bool, healthy: bool) -> None:
-    """An engine busy computing (a CPU vLLM under load) answers /health at once and /metrics late: the probe it
-    just passed says it is alive, so it comes up without figures rather than waiting for a quiet scrape; a
-    worker already up stays up through one slow scrape (pool.SLOW_SCRAPES)."""
-    import asyncio
+@pytest.mark.parametrize(("status", "body", "healthy"), [(404, "", True), (200, "vllm:num_requests_waiting 2\n", True),
+                                                         (500, "", False)])  # fmt: skip
+async def test_a_worker_without_metrics_stays_up(status: int, body: str, healthy: bool) -> None:
+    """SGLang serves /metrics only with --enable-metrics: a 404 there is a live worker with no figures."""
 
-    import aiohttp
-    from aiohttp import web
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(status=status, text=body)
 
-    from xpyd_router.health import HealthChecker
-    from xpyd_router.policy.registry import KvAwarePolicy
-    from xpyd_router.pool import WorkerPool, WorkerSpec
+    async with checked_worker(metrics) as (pool, checker, url):
+        await checker.check(url)
+        assert pool.workers[url].healthy is healthy
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
+
+@pytest.mark.parametrize("was_up", [False, True])
+async def test_a_worker_that_answers_health_but_metrics_late_is_up(was_up: bool) -> None:
+    """An engine busy computing (a CPU vLLM under load) answers /health at once and /metrics late: a worker coming
+    up is alive by the probe it just passed, so it comes up without figures rather than waiting for a quiet
+    scrape; one already up stays up through a slow scrape (pool.SLOW_SCRAPES)."""
 
     async def metrics(_: web.Request) -> web.Response:
         await asyncio.sleep(2.0)
         return web.Response(text="vllm:num_requests_waiting 2\n")
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}"
-    pool = WorkerPool(KvAwarePolicy(), 256)
-    pool.set_workers([WorkerSpec(url, "worker")])
-    pool.workers[url].healthy = not down
-    async with aiohttp.ClientSession() as session:
-        checker = HealthChecker(session, pool, timeout=0.3)
-        try:
-            await checker.check(url)
-            assert pool.workers[url].healthy is healthy
-            assert pool.workers[url].waiting == 0  # no figure read: none made up
-        finally:
-            await checker.close()
-            await runner.cleanup()
+    async with checked_worker(metrics, healthy=was_up, probe_s=0.3) as (pool, checker, url):
+        await checker.check(url)
+        assert pool.workers[url].healthy
+        assert pool.workers[url].waiting == 0  # no figure read: none made up
