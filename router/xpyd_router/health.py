@@ -59,17 +59,16 @@ class HealthChecker:
         base = split_target(names[0])[0]
         due = [n for n in names if workers[n].healthy]
         down = [n for n in names if not workers[n].healthy and not self.pool.held(n)]
-        probed = bool(down) and await self.probe(base)
-        if probed:
+        if down and await self.probe(base):
             due += down
         if not due:
             return
         metrics = await self.scrape(base)
         slow = isinstance(metrics, TimeoutError)
         for name in due:
-            if slow and probed and name in down:
-                # alive by the probe it just passed, busy computing (an engine under load answers /metrics
-                # late): up without figures, which the next scrape brings, rather than down until one is quiet
+            if slow and name in down:
+                # a down target is due only once it passed the probe just now: alive, busy computing (an engine
+                # under load answers /metrics late), so up without figures, which the next scrape brings
                 self.pool.apply_metrics(name, NO_METRICS)
             else:
                 self.pool.apply_metrics(name, None if isinstance(metrics, TimeoutError) else metrics, timed_out=slow)
