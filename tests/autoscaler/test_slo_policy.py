@@ -27,6 +27,7 @@ from xpyd_operator.autoscaling.slo import (
     sequence_lifetime,
     size_decode,
     size_prefill,
+    steady_tail,
 )
 from xpyd_operator.autoscaling.slo import (
     settled as at_one_size,
@@ -239,7 +240,9 @@ def test_prompt_mix_falls_back_to_the_mean_prompt(
     assert list(prompt_mix(o, hit)) == want
 
 
-def test_prompt_mix_takes_the_hit_ratio_off_every_class() -> None:
+def test_prompt_mix_takes_the_hits_off_as_a_share_up_to_the_mean_prompt_as_tokens_past_it() -> None:
+    """A cached prefix (a system prompt, earlier turns) does not grow with the prompt: a prompt up to the mean
+    (2,000 tokens here) hits its share (25%), a longer one the 500 tokens the mean prompt hits."""
     o = obs(
         1,
         prompt_tokens_rate=20_000.0,
@@ -249,7 +252,9 @@ def test_prompt_mix_takes_the_hit_ratio_off_every_class() -> None:
         prompt_tokens_p99=7000.0,
     )
     cold, warm = prompt_mix(o, 0.0), prompt_mix(o, 0.25)
-    assert [t * 0.75 for _, t in cold] == pytest.approx([t for _, t in warm])
+    want = [t * 0.75 if t <= 2000.0 else t - 500.0 for _, t in cold]
+    assert [t for _, t in warm] == pytest.approx(want)
+    assert any(t > 2000.0 for _, t in cold) and any(t < 2000.0 for _, t in cold)
 
 
 def test_a_tail_no_replica_serves_in_time_is_not_paid_for() -> None:
@@ -470,6 +475,39 @@ def test_both_pools_follow_the_mix() -> None:
     # output-heavy: many long-running sequences, few prompt tokens
     d = policy.decide(inputs(busy_prefill(2, 0.05 * cap), obs(2, running=1200.0, kv_usage=0.5)), {}, NOW)
     assert d.pools["prefill"].desired <= 2 and d.pools["decode"].desired > 2
+
+
+@pytest.mark.parametrize(
+    ("tails", "p99", "want", "kept"),
+    [
+        ((), 9000.0, 9000.0, 1),  # no history: as scraped
+        (((NOW - 45, 9000.0),), 40_000.0, 9000.0, 2),  # a longer tail than a minute ago: not yet
+        (((NOW - 60, 9000.0), (NOW - 30, 30_000.0)), 40_000.0, 30_000.0, 2),  # the minute-old sample is gone
+        (((NOW - 15, 40_000.0),), 9000.0, 9000.0, 2),  # a shorter tail acts at once
+        (((NOW - 15, 9000.0),), None, None, 1),  # not scraped: nothing to plan with, the history kept
+    ],
+)
+def test_a_longer_prompt_tail_counts_once_it_has_held_a_minute(
+    tails: tuple[tuple[float, float], ...], p99: float | None, want: float | None, kept: int
+) -> None:
+    got, st = steady_tail(PoolState(tails=tails), NOW, p99)
+    assert got == want and len(st.tails) == kept
+    assert state_from_dict(state_to_dict({"p": st}))["p"].tails == st.tails
+
+
+def test_a_minute_of_long_prompts_does_not_grow_prefill_a_tail_that_holds_does() -> None:
+    """vLLM's prompt histogram puts 20,000 to 50,000 tokens in one bucket: a few long prompts lift its p99
+    from 9,000 to 40,000 tokens, and the p99 class, priced near the TTFT budget, would buy replicas."""
+    cap = PERF["prefill"].prefill_tokens_per_second()
+    tail = {"prompt_tokens_p50": 2500.0, "prompt_tokens_p90": 6000.0, "prompt_tokens_p99": 40_000.0}
+    now = obs(4, prompt_tokens_rate=2 * cap, request_rate=2 * cap / 3000.0, prefix_hit_ratio=0.0, **tail)
+    short = settled(4, tails=((NOW - 30, 9000.0),))
+    held = settled(4, tails=((NOW - 75, 9000.0),))
+    desired = {
+        name: SloPolicy().decide(inputs(now, light_decode(2)), {"prefill": st}, NOW).pools["prefill"].desired
+        for name, st in (("short", short), ("held", held))
+    }
+    assert desired["short"] < desired["held"], desired
 
 
 def test_prefix_hits_shrink_the_prefill_demand() -> None:

@@ -7,7 +7,9 @@ from the engines' own latency. Both pools are one decision over the same traffic
   unserved (the queue's growth since the last decision), at the smallest size whose TTFT at the
   planned quantile (service + queueing) fits the target less the KV handoff; the prompts priced as
   the mix they come in (classes from the prompt length's p50, p90 and p99, each waiting behind the
-  mean service, then taking its own), so the long ones set TTFT's tail; where no size reaches the
+  mean service, then taking its own), so the long ones set TTFT's tail (the cache hits taken off as a
+  share up to the mean prompt, as the mean's tokens past it; a longer p99 counted once it has held a
+  minute, a shorter one at once); where no size reaches the
   quantile (prompts too long for the budget however idle the pool), at the smallest size that
   reaches the goal's share of what the pool's bound reaches;
 - decode from the sequences it runs and those about to arrive (queued here and at prefill), at the
@@ -143,12 +145,16 @@ def one_class(new_tokens: float) -> Mix:
 
 def prompt_mix(obs: PoolObservation, hit: float) -> Mix:
     """The pool's prompts as (share, new tokens) classes: from the prompt-length quantiles scraped over the
-    last minute where all are, else all at the mean prompt; the prefix cache's mean hit ratio taken off each."""
+    last minute where all are, else all at the mean prompt. The prefix cache's hits come off each class as
+    the hit ratio's share up to the mean prompt, past it as the tokens the mean prompt hits: what a cache
+    holds (a system prompt, earlier turns) does not grow with the prompt, so a long one is not planned to
+    hit more than the mean, and the tail it sets is not planned shorter than it is."""
     quantiles = (obs.prompt_tokens_p50, obs.prompt_tokens_p90, obs.prompt_tokens_p99)
     if any(v is None or not v > 0 for v in quantiles):
         return one_class(mean_prompt(obs) * (1.0 - hit))
     pts = [(q, float(v or 0.0)) for q, v in zip(PROMPT_QUANTILES, quantiles, strict=True)]
-    return [(w, tokens * (1.0 - hit)) for w, tokens in prompt_classes(pts)]
+    cached = hit * mean_prompt(obs)
+    return [(w, max(tokens * (1.0 - hit), tokens - cached)) for w, tokens in prompt_classes(pts)]
 
 
 def size_decode(
@@ -174,6 +180,18 @@ def ahead(st: PoolState, now: float, value: float, horizon: float, window: float
     pts = (*((t, v) for t, v in st.demand if t > now - window), (now, value))[-DEMAND_POINTS:]
     slope = max(0.0, trend(pts))
     return value + slope * min(horizon, now - pts[0][0]), replace(st, demand=pts)
+
+
+def steady_tail(st: PoolState, now: float, p99: float | None) -> tuple[float | None, PoolState]:
+    """The prompt-length p99 to plan with: the lowest scraped over the last LATENCY_WINDOW_S, this one
+    included, so a longer tail buys replicas once it has held for a minute of scrapes and a shorter one
+    acts at once. vLLM's prompt histogram has wide top buckets (20,000 to 50,000 tokens, ...): a few long
+    prompts in a minute move its interpolated p99 by half, and the p99 class, priced near the TTFT budget,
+    would size the pool on them. The state keeps the sample (None, not scraped, keeps nothing)."""
+    kept = tuple((t, v) for t, v in st.tails if t > now - LATENCY_WINDOW_S)
+    if p99 is None:
+        return None, replace(st, tails=kept)
+    return min((p99, *(v for _, v in kept))), replace(st, tails=(*kept, (now, p99)))
 
 
 def queue_growth(st: PoolState, now: float, waiting: float) -> tuple[float, PoolState]:
@@ -346,7 +364,9 @@ class SloPolicy(XpydPolicy):
             return n, "slo: prompt-token rate missing: holding", st
         hit = min(1.0, max(0.0, obs.prefix_hit_ratio or 0.0))
         prompt = mean_prompt(obs)
-        prompts = prompt_mix(obs, hit)
+        tail, st = steady_tail(st, now, obs.prompt_tokens_p99)
+        seen = replace(obs, prompt_tokens_p99=tail)  # the prompt mix planned with
+        prompts = prompt_mix(seen, hit)
         new_tokens = prompt * (1.0 - hit)
         rate = obs.prompt_tokens_rate * (1.0 - hit)
         c = st.correction or 1.0
@@ -378,7 +398,7 @@ class SloPolicy(XpydPolicy):
             need = 0  # no prompt to compute: the pool's minReplicas (0 lets it go to zero; held requests wake it)
         st = replace(st, correction=c, predicted=round(attain, 4))
         lengths = (
-            f"prompts p50/p99 {obs.prompt_tokens_p50:.0f}/{obs.prompt_tokens_p99:.0f} tok"
+            f"prompts p50/p99 {seen.prompt_tokens_p50:.0f}/{seen.prompt_tokens_p99:.0f} tok"
             if len(prompts) > 1
             else f"prompts ~{prompt:.0f} tok"
         )

@@ -157,7 +157,8 @@ class PoolState:
     # the SLO policy's learning: its model's correction, the replica's measured time to Ready, the
     # predicted attainment of its last decision, the demand seen lately (for ramps) and the queue at
     # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve),
-    # and the sizes it asked for over its burst memory (longer than the window: bursts that recur)
+    # the sizes it asked for over its burst memory (longer than the window: bursts that recur), and the
+    # prompt-length p99 scraped over the last minute (time, tokens: a tail buys replicas once it persists)
     correction: float | None = None
     ready_seconds: float | None = None
     pending_since: float | None = None  # when the pool last asked for more replicas than were Ready
@@ -165,6 +166,7 @@ class PoolState:
     demand: tuple[tuple[float, float], ...] = ()
     queue: tuple[float, float] | None = None
     needs: tuple[tuple[float, int], ...] = ()
+    tails: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,6 +185,7 @@ class PoolState:
             "demand": [[t, v] for t, v in self.demand],
             "queue": None if self.queue is None else list(self.queue),
             "needs": [[t, n] for t, n in self.needs],
+            "tails": [[t, v] for t, v in self.tails],
         }
 
     @classmethod
@@ -206,6 +209,7 @@ class PoolState:
                 demand=tuple((float(t), float(v)) for t, v in data.get("demand") or ()),
                 queue=_opt_pair(data.get("queue")),
                 needs=tuple((float(t), int(n)) for t, n in data.get("needs") or ()),
+                tails=tuple((float(t), float(v)) for t, v in data.get("tails") or ()),
             )
         except (TypeError, ValueError):
             return cls()
