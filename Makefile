@@ -60,7 +60,7 @@ unit: venv tools real-vllm
 
 # e2e in two passes too: most files on E2E_WORKERS processes at once, then those e2e/conftest.py marks serial alone
 # (the tests that stop, change or fill what every test shares: the control plane, Prometheus, the CRD, the nodes).
-E2E_WORKERS ?= 2
+E2E_WORKERS ?= 3
 e2e: venv real-vllm
 	@if [ -n "$(E2E_KUBECONFIG)" ]; then \
 	  export KUBECONFIG="$(E2E_KUBECONFIG)"; \
