@@ -692,6 +692,30 @@ def test_a_burst_is_held_for_the_window_and_recurring_ones_are_kept(
     assert d.state["prefill"].needs[-1][1] == 1  # what the load asks now, remembered
 
 
+@pytest.mark.parametrize(
+    ("idle_for", "want", "reason", "forgot"),
+    [
+        (None, 7, "stabilizing", False),  # serving: the highest burst in memory holds
+        (0.0, 7, "stabilizing", False),  # idle from now: a lull between requests may be only that
+        (200.0, 7, "stabilizing", False),  # idle, not yet a window
+        (300.0, 1, "scale-down", True),  # idle a whole window (300 s): the load stopped, its bursts forgotten
+    ],
+)
+def test_a_pool_idle_for_a_window_forgets_its_bursts(
+    idle_for: float | None, want: int, reason: str, forgot: bool
+) -> None:
+    since = None if idle_for is None else NOW - idle_for
+    st = {"prefill": replace(transient((1, 5, 1, 7, 1), 7, 400.0), idle_since=since), "decode": settled(1)}
+    rate = 100.0 if idle_for is None else 0.0
+    pool = obs(7, prompt_tokens_rate=rate, request_rate=rate / 2000.0, prefix_hit_ratio=0.0, running=0.0)
+    d = SloPolicy().decide(inputs(pool, obs(1, running=0.0, kv_usage=0.0)), st, NOW)
+    assert (d.pools["prefill"].desired, d.pools["prefill"].reason) == (want, reason)
+    assert ("bursts recur" in d.pools["prefill"].message) == (not forgot)
+    assert (d.state["prefill"].needs == ((NOW, 1),)) == forgot  # forgotten: the memory starts anew
+    assert d.state["prefill"].idle_since == (None if idle_for is None else since)
+    assert state_from_dict(state_to_dict(d.state))["prefill"].idle_since == d.state["prefill"].idle_since
+
+
 @pytest.mark.parametrize(("held", "window_max", "want"), [(8, 2, 2), (8, 8, 8), (3, 1, 1)])
 def test_scale_down_goes_straight_to_the_window_max(held: int, window_max: int, want: int) -> None:
     st = {

@@ -25,7 +25,8 @@ straight to the stabilization window's maximum, cooldowns, flap guard, no move o
 manual edit taken as the new target) is XpydPolicy's, except that decode may first shrink after a few
 sequence lifetimes of fresh data rather than a window (prefill holds the size the user set a whole
 window), and that while bursts recur (two of comparable height within MEMORY_WINDOWS windows) the pool
-keeps the highest one in memory. An idle pool goes to its minimum.
+keeps the highest one in memory, until the pool has been idle a whole window (the load stopped: its
+bursts are forgotten). An idle pool goes to its minimum.
 A pool the model cannot price is sized by XpydPolicy's thresholds.
 """
 
@@ -354,6 +355,12 @@ class SloPolicy(XpydPolicy):
             need, msg, st = self._prefill(obs, inputs, perf, slo, st, now)
         else:
             need, msg, st = self._decode(obs, inputs, perf, slo, st, now)
+        # a pool with nothing to do for a whole window: the load stopped, and its bursts with it (the
+        # memory starts anew); a moment's lull between requests is not that
+        since = (st.idle_since if st.idle_since is not None else now) if need == 0 else None
+        st = replace(st, idle_since=since)
+        if since is not None and now - since >= inputs.behavior.stabilization_seconds:
+            st = replace(st, needs=())
         return need, msg, self._remember(role, inputs, st, need, now)
 
     def _prefill(

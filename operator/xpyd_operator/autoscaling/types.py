@@ -158,7 +158,8 @@ class PoolState:
     # predicted attainment of its last decision, the demand seen lately (for ramps) and the queue at
     # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve),
     # the sizes it asked for over its burst memory (longer than the window: bursts that recur), and the
-    # prompt-length p99 scraped over the last minute (time, tokens: a tail buys replicas once it persists)
+    # prompt-length p99 scraped over the last minute (time, tokens: a tail buys replicas once it persists),
+    # and since when the pool has had nothing to do (a window of it ends a series of bursts)
     correction: float | None = None
     ready_seconds: float | None = None
     pending_since: float | None = None  # when the pool last asked for more replicas than were Ready
@@ -167,6 +168,7 @@ class PoolState:
     queue: tuple[float, float] | None = None
     needs: tuple[tuple[float, int], ...] = ()
     tails: tuple[tuple[float, float], ...] = ()
+    idle_since: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,6 +188,7 @@ class PoolState:
             "queue": None if self.queue is None else list(self.queue),
             "needs": [[t, n] for t, n in self.needs],
             "tails": [[t, v] for t, v in self.tails],
+            "idleSince": self.idle_since,
         }
 
     @classmethod
@@ -210,6 +213,7 @@ class PoolState:
                 queue=_opt_pair(data.get("queue")),
                 needs=tuple((float(t), int(n)) for t, n in data.get("needs") or ()),
                 tails=tuple((float(t), float(v)) for t, v in data.get("tails") or ()),
+                idle_since=_opt_float(data.get("idleSince")),
             )
         except (TypeError, ValueError):
             return cls()
