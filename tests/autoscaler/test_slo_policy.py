@@ -23,6 +23,7 @@ from xpyd_operator.autoscaling.slo import (
     prefill_ttft,
     prompt_mix,
     queue_growth,
+    quiet,
     remember,
     sequence_lifetime,
     size_decode,
@@ -690,6 +691,21 @@ def test_a_burst_is_held_for_the_window_and_recurring_ones_are_kept(
     if want > 1 and ready == 7 and waiting == 0:
         assert ("bursts recur" in d.pools["prefill"].message) == (burst_floor(st["prefill"].needs) is not None)
     assert d.state["prefill"].needs[-1][1] == 1  # what the load asks now, remembered
+
+
+@pytest.mark.parametrize(
+    ("idle_since", "is_idle", "want_since", "forgets"),
+    [
+        (None, False, None, False),  # busy
+        (NOW - 400.0, False, None, False),  # busy again: the idle spell ends
+        (None, True, NOW, False),  # idle from now
+        (NOW - 299.0, True, NOW - 299.0, False),  # idle, not yet a window
+        (NOW - 300.0, True, NOW - 300.0, True),  # idle a whole window: the bursts are forgotten
+    ],
+)
+def test_quiet(idle_since: float | None, is_idle: bool, want_since: float | None, forgets: bool) -> None:
+    st = quiet(PoolState(needs=((NOW - 500.0, 3),), idle_since=idle_since), NOW, is_idle, 300.0)
+    assert (st.idle_since, st.needs == ()) == (want_since, forgets)
 
 
 @pytest.mark.parametrize(

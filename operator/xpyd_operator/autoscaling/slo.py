@@ -261,6 +261,16 @@ def sequence_lifetime(inputs: PolicyInputs) -> float:
     return math.inf
 
 
+def quiet(st: PoolState, now: float, is_idle: bool, window: float) -> PoolState:
+    """The state after a decision that found the pool idle (`is_idle`: nothing to do) or not: since when it
+    has been, and, after a whole `window` of it, no burst memory (the load stopped and its bursts with it;
+    the memory starts anew). A lull between requests shorter than the window forgets nothing."""
+    if not is_idle:
+        return replace(st, idle_since=None)
+    since = st.idle_since if st.idle_since is not None else now
+    return replace(st, idle_since=since, needs=() if now - since >= window else st.needs)
+
+
 def idle(obs: PoolObservation) -> bool:
     """Whether a pool has nothing to do: none running, none queued, none held in the router for a worker."""
     return not obs.running and not obs.waiting and not obs.held
@@ -355,12 +365,7 @@ class SloPolicy(XpydPolicy):
             need, msg, st = self._prefill(obs, inputs, perf, slo, st, now)
         else:
             need, msg, st = self._decode(obs, inputs, perf, slo, st, now)
-        # a pool with nothing to do for a whole window: the load stopped, and its bursts with it (the
-        # memory starts anew); a moment's lull between requests is not that
-        since = (st.idle_since if st.idle_since is not None else now) if need == 0 else None
-        st = replace(st, idle_since=since)
-        if since is not None and now - since >= inputs.behavior.stabilization_seconds:
-            st = replace(st, needs=())
+        st = quiet(st, now, is_idle=need == 0, window=inputs.behavior.stabilization_seconds)
         return need, msg, self._remember(role, inputs, st, need, now)
 
     def _prefill(

@@ -157,8 +157,8 @@ class PoolState:
     # the SLO policy's learning: its model's correction, the replica's measured time to Ready, the
     # predicted attainment of its last decision, the demand seen lately (for ramps) and the queue at
     # the last decision (time, waiting requests: its growth is arriving demand the pool did not serve),
-    # the sizes it asked for over its burst memory (longer than the window: bursts that recur), and the
-    # prompt-length p99 scraped over the last minute (time, tokens: a tail buys replicas once it persists),
+    # the sizes it asked for over its burst memory (longer than the window: bursts that recur), the
+    # prompt-length p99 scraped over the last minute (time, tokens: a tail buys replicas once it persists)
     # and since when the pool has had nothing to do (a window of it ends a series of bursts)
     correction: float | None = None
     ready_seconds: float | None = None
